@@ -25,8 +25,12 @@ _a, _b = sp.symbols("a b", real=True)
 def _clean(expr: sp.Expr) -> sp.Expr:
     """Drop distributional terms of |a-b| derivatives (valid for kernels smooth at a=b)."""
     expr = expr.replace(sp.DiracDelta, lambda *args: sp.S.Zero)
+    if not expr.has(sp.sign):
+        return expr
+    expr = sp.expand(expr)
     return expr.replace(
-        lambda e: e.is_Pow and e.base.func == sp.sign and e.exp.is_even, lambda e: sp.S.One
+        lambda e: e.is_Pow and e.base.func == sp.sign and e.exp.is_Integer,
+        lambda e: sp.S.One if e.exp.is_even else e.base,
     )
 
 
