@@ -1,14 +1,24 @@
 """pgpgm: parameter inference for partially observed nonlinear ODE systems."""
 
+from .density import DensitySetup, build_model
 from .errors import DataError, ModelDefinitionError, ODESolveError, PgpgmError
 from .ode import ODESolver, SolverOptions, available_backends
+from .fit import FitResult, fit, load_result
 from .op import ODEOp
+from .sampler import GradientMatchingSampler, sample
 from .sensitivity import sensitivity_index
 from .simulate import simulate
 from .spec import Experiment, ModelSpec, available_models, load_model
 from .system import ODESystem
 
 __all__ = [
+    "FitResult",
+    "fit",
+    "load_result",
+    "DensitySetup",
+    "GradientMatchingSampler",
+    "build_model",
+    "sample",
     "Experiment",
     "ModelSpec",
     "ODEOp",

@@ -86,5 +86,29 @@ def library() -> SimpleNamespace | None:
                 funcs[name] = f
         except (OSError, StopIteration):
             continue
-        return SimpleNamespace(directory=os.path.realpath(d), **funcs)
+        return SimpleNamespace(directory=os.path.realpath(d), drive=_make_driver(funcs), **funcs)
     return None
+
+
+def _make_driver(funcs):
+    """A numba loop over the output times: CVode and the copy-out run without Python."""
+    import numba
+
+    addr = ctypes.cast(funcs["CVode"], ctypes.c_void_p).value
+    cvode = ctypes.CFUNCTYPE(_int, _vp, _real, _vp, _vp, _int)(addr)
+    get_data = funcs["N_VGetArrayPointer"]
+
+    @numba.njit(cache=False)
+    def drive(mem, y, times, out, tret):
+        """Fill out[1:] with the solution at times[1:]; returns (flag, index reached)."""
+        n = out.shape[1]
+        yv = numba.carray(get_data(y), (n,))
+        for i in range(1, times.shape[0]):
+            flag = cvode(mem, times[i], y, tret.ctypes.data, CV_NORMAL)
+            if flag < 0:
+                return flag, i
+            for j in range(n):
+                out[i, j] = yv[j]
+        return 0, times.shape[0]
+
+    return drive

@@ -1,0 +1,171 @@
+"""Command line: ``pgpgm run | fit | sensitivity | list``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pgpgm", description="Parameter inference for partially observed ODE systems "
+                                "(GP gradient matching + CVODE latent states + least-squares refinement).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def sampling_options(q):
+        q.add_argument("--draws", type=int, default=None, help="kept MCMC iterations per chain (default: published "
+                       "iterations minus burn-in)")
+        q.add_argument("--tune", type=int, default=1500, help="burn-in iterations per chain (default 1500)")
+        q.add_argument("--chains", type=int, default=1, help="independent chains (default 1)")
+        q.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampler (default 0)")
+        q.add_argument("--out", type=Path, default=None, help="output folder (default results/<name>)")
+        q.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    r = sub.add_parser("run", help="reproduce a published experiment: simulate, fit, write figures and table")
+    r.add_argument("model", help="model name (see `pgpgm list`) or a TOML model file")
+    r.add_argument("--case", default=None, help="experiment case, e.g. x2-observed (default: the first)")
+    r.add_argument("--observe", nargs="+", default=None, help="override the observed states")
+    r.add_argument("--noise-sd", type=float, default=None, help="override the noise sd")
+    sampling_options(r)
+
+    f = sub.add_parser("fit", help="fit a model file to a tidy CSV (columns time,state,value)")
+    f.add_argument("--model", required=True, type=Path, help="TOML model file ([equations], parameters, ...)")
+    f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value")
+    f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
+    f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE", help="initial values of latent states")
+    f.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
+    f.add_argument("--gamma", type=float, default=None, help="gradient-matching mismatch variance (default 0.3)")
+    f.add_argument("--bounds", nargs=2, type=float, default=None, metavar=("LOWER", "UPPER"),
+                   help="uniform prior bounds for every parameter (default: the file's or 0 10)")
+    sampling_options(f)
+
+    s = sub.add_parser("sensitivity", help="print and write the sensitivity-index table of a model")
+    s.add_argument("model", help="model name or TOML file")
+    s.add_argument("--case", default=None, help="case whose theta and x0 are used")
+    s.add_argument("--t-span", nargs=2, type=float, default=None, help="interval (default: the case's times)")
+    s.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
+
+    sub.add_parser("list", help="list the shipped models and their cases")
+    return p
+
+
+def _write_outputs(result, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    result.plot_states().savefig(out / "states.png", dpi=120)
+    result.plot_parameters().savefig(out / "parameters.png", dpi=120)
+    table = result.parameter_table()
+    table.to_csv(out / "parameters.csv")
+    result.save(out / "result.nc")
+    lines = [f"# {title}", "", table.to_markdown(floatfmt=".4g") if _has_tabulate() else table.to_string(), "",
+             "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
+             "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items())]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"\nwrote {out}/states.png, parameters.png, parameters.csv, summary.md, result.nc")
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def _run(a) -> int:
+    import pgpgm
+
+    spec = pgpgm.load_model(a.model)
+    case = spec.case(a.case)
+    observed = a.observe or list(case.observed)
+    noise = a.noise_sd if a.noise_sd is not None else case.noise_sd
+    snr = None if a.noise_sd is not None else case.snr
+    data = pgpgm.simulate(spec.system, case.theta, case.x0, case.times, observed=observed, noise_sd=noise, snr=snr,
+                          seed=a.seed)
+    draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
+    priors = {p: tuple(b) for p, b in zip(spec.system.parameters, case.prior_bounds)}
+    result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=priors,
+                       draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress)
+    out = a.out or Path("results") / f"{spec.system.name}_{case.name}"
+    _write_outputs(result, out, f"{spec.system.name}, case {case.name} (observed {', '.join(observed)})")
+    return 0
+
+
+def _fit(a) -> int:
+    import pandas as pd
+
+    import pgpgm
+
+    spec = pgpgm.load_model(a.model)
+    case = spec.case()
+    df = pd.read_csv(a.data)
+    missing = {"time", "state", "value"} - set(df.columns)
+    if missing:
+        raise SystemExit(f"{a.data}: missing columns {sorted(missing)}; expected a tidy CSV time,state,value")
+    wide = df.pivot_table(index="time", columns="state", values="value", aggfunc="first").sort_index()
+    if wide.isna().any().any():
+        raise SystemExit(f"{a.data}: every observed state needs a value at every time (found gaps)")
+    data = {"time": wide.index.to_numpy(), **{c: wide[c].to_numpy() for c in wide.columns}}
+    x0 = {}
+    for item in a.x0:
+        name, _, value = item.partition("=")
+        x0[name] = float(value)
+    if not x0 and np.isfinite(case.x0).any():
+        x0 = {s: v for s, v in zip(spec.system.states, case.x0) if np.isfinite(v)}
+    bounds = tuple(a.bounds) if a.bounds else None
+    priors = bounds or {p: tuple(b) for p, b in zip(spec.system.parameters, case.prior_bounds)}
+    draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
+    result = pgpgm.fit(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
+                       gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
+                       tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
+                       progressbar=not a.no_progress)
+    out = a.out or Path("results") / f"{spec.system.name}_fit"
+    _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
+    return 0
+
+
+def _sensitivity(a) -> int:
+    import pgpgm
+
+    spec = pgpgm.load_model(a.model)
+    case = spec.case(a.case)
+    span = tuple(a.t_span) if a.t_span else (float(case.times[0]), float(case.times[-1]))
+    table = pgpgm.sensitivity_index(spec.system, case.theta, case.x0, span).to_pandas()
+    print(f"Sensitivity index S_ij = ||dx_i/dtheta_j|| / ||x_i|| on {span}, theta = {case.theta.tolist()}")
+    print(table.to_string(float_format=lambda v: f"{v:.4g}"))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(a.out)
+    return 0
+
+
+def _list(a) -> int:
+    import pgpgm
+
+    for name in pgpgm.available_models():
+        spec = pgpgm.load_model(name)
+        print(f"{name}: {spec.description}")
+        for c in spec.cases.values():
+            print(f"    --case {c.name}: observed {', '.join(c.observed)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    from .errors import PgpgmError
+
+    try:
+        return {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list}[a.command](a)
+    except (PgpgmError, KeyError, FileNotFoundError) as exc:
+        print(f"pgpgm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
