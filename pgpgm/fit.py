@@ -119,6 +119,7 @@ def fit(
     chains: int = 1,
     seed: int = 0,
     init="prior-median",
+    refine_x0: bool = True,
     true_theta=None,
     backend: str = "auto",
     solver_options: SolverOptions | None = None,
@@ -132,7 +133,8 @@ def fit(
     when priors are given as bounds).
 
     Parameters are those of :func:`pgpgm.build_model` and :func:`pgpgm.sample`;
-    ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
+    ``refine_x0`` also refines the observed states' initial values (started at their
+    posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures.
     """
     timings, t0 = {}, time.perf_counter()
@@ -152,8 +154,10 @@ def fit(
     t2 = time.perf_counter()
     bounds = _bounds(system, priors)
     problem = LeastSquaresProblem(system, setup.obs.times, setup.obs.values, setup.observed_idx, setup.noise_sd,
-                                  x0_full, backend=backend, options=solver_options)
+                                  x0_full, free_x0=setup.observed_idx if refine_x0 else (), backend=backend,
+                                  options=solver_options)
     ref: Refinement = refine(problem, theta_s, bounds)
+    x0_refined = ref.x0
     timings["refinement"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
 
@@ -165,14 +169,14 @@ def fit(
          "covariance": (("parameter", "parameter_"), ref.covariance)},
         coords={"estimate": ["sampled", "refined"], "parameter": list(system.parameters),
                 "parameter_": list(system.parameters)},
-        attrs={"refinement_cost": ref.cost, "refinement_success": int(ref.success), "refinement_message": ref.message},
+        attrs={"refined_x0": ref.x0.tolist(), "refinement_cost": ref.cost, "refinement_success": int(ref.success), "refinement_message": ref.message},
     )
     t = setup.obs.times
     dense = np.linspace(t[0], t[-1], _DENSE)
     solver = ODESolver(system, dense, backend=backend, options=solver_options)
     rows, labels = [], []
-    for label, th in (("sampled", theta_s), ("refined", ref.theta)):
-        rows.append(_safe_solve(solver, th, x0_full))
+    for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
+        rows.append(_safe_solve(solver, th, x0_))
         labels.append(label)
     if true_theta is not None:
         true_theta = np.asarray(true_theta, float)

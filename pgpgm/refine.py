@@ -1,7 +1,8 @@
 """Step 3: least-squares refinement  min_theta || (x_M(theta) - y) / sigma ||^2.
 
 x_M(theta) integrates the full ODE from the initial values (latent states: known;
-observed states: fixed at the sampling step's estimate). The Jacobian comes from the
+observed states: started at the sampling step's estimate and, by default, refined
+jointly with theta since they are measured with noise too). The Jacobian comes from the
 forward sensitivities, and the approximate covariance of the estimate is
 s^2 (J^T J)^-1 with s^2 the reduced chi-square of the scaled residuals.
 """
@@ -25,13 +26,15 @@ class Refinement:
     """Result of the least-squares step.
 
     theta : (P,) estimate; stderr : (P,) approximate standard errors;
-    covariance : (P, P); cost : 1/2 sum of squared scaled residuals at the optimum;
+    covariance : (P, P); x0 : (S,) initial state used (refined entries included);
+    cost : 1/2 sum of squared scaled residuals at the optimum;
     n_solves : ODE solves used; success, message : from scipy.optimize.least_squares.
     """
 
     theta: np.ndarray
     stderr: np.ndarray
     covariance: np.ndarray
+    x0: np.ndarray
     cost: float
     n_solves: int
     success: bool
@@ -48,31 +51,42 @@ class LeastSquaresProblem:
     y : (N, M) observations of the states ``observed_idx``
     noise_sd : (M,) residual scales
     x0 : (S,) initial state at ``times[0]``
+    free_x0 : state indices whose initial values are unknowns too; the vector of
+        unknowns is then q = (theta, x0[free_x0])
     """
 
-    def __init__(self, system: ODESystem, times, y, observed_idx, noise_sd, x0, *,
+    def __init__(self, system: ODESystem, times, y, observed_idx, noise_sd, x0, *, free_x0=(),
                  backend: str = "auto", options: SolverOptions | None = None):
         self.solver = ODESolver(system, times, backend=backend, options=options)
         self.y = np.asarray(y, float)
         self.idx = list(observed_idx)
         self.sd = np.asarray(noise_sd, float)
         self.x0 = np.asarray(x0, float)
+        self.free_x0 = list(free_x0)
+        self.n_theta = system.n_parameters
 
-    def residuals(self, theta) -> np.ndarray:
-        """Scaled residuals, flattened (N*M,)."""
+    def _split(self, q):
+        q = np.asarray(q, float)
+        x0 = self.x0.copy()
+        x0[self.free_x0] = q[self.n_theta:]
+        return q[: self.n_theta], x0
+
+    def residuals(self, q) -> np.ndarray:
+        """Scaled residuals, flattened (N*M,), at q = (theta, free initial values)."""
         try:
-            x = self.solver.solve(theta, self.x0)
+            x = self.solver.solve(*self._split(q))
         except ODESolveError:
             return np.full(self.y.size, _FAILED)
         return ((x[:, self.idx] - self.y) / self.sd).ravel()
 
-    def jacobian(self, theta) -> np.ndarray:
-        """d residuals / d theta, shape (N*M, P), from forward sensitivities."""
+    def jacobian(self, q) -> np.ndarray:
+        """d residuals / d q, shape (N*M, P + len(free_x0)), from forward sensitivities."""
         try:
-            _, dth, _ = self.solver.solve_sensitivities(theta, self.x0)
+            _, dth, dx0 = self.solver.solve_sensitivities(*self._split(q))
         except ODESolveError:
-            return np.zeros((self.y.size, np.size(theta)))
-        return (dth[:, self.idx, :] / self.sd[None, :, None]).reshape(self.y.size, -1)
+            return np.zeros((self.y.size, np.size(q)))
+        d = np.concatenate([dth, dx0[:, :, self.free_x0]], axis=2)
+        return (d[:, self.idx, :] / self.sd[None, :, None]).reshape(self.y.size, -1)
 
     def cost(self, theta) -> float:
         r = self.residuals(theta)
@@ -80,10 +94,14 @@ class LeastSquaresProblem:
 
 
 def refine(problem: LeastSquaresProblem, theta0, bounds=None, *, max_nfev: int = 200) -> Refinement:
-    """Minimise the scaled squared error from ``theta0`` within ``bounds`` ((P, 2) or None)."""
-    theta0 = np.asarray(theta0, float)
-    lo, hi = (-np.inf, np.inf) if bounds is None else (np.asarray(bounds)[:, 0], np.asarray(bounds)[:, 1])
-    theta0 = np.clip(theta0, lo + 1e-12 * np.abs(lo), hi - 1e-12 * np.abs(hi)) if bounds is not None else theta0
+    """Minimise the scaled squared error from ``theta0`` (P,) within ``bounds`` ((P, 2) or None);
+    free initial values start at ``problem.x0`` and are unbounded."""
+    P = problem.n_theta
+    theta0 = np.concatenate([np.asarray(theta0, float), problem.x0[problem.free_x0]])
+    lo, hi = np.full(theta0.size, -np.inf), np.full(theta0.size, np.inf)
+    if bounds is not None:
+        lo[:P], hi[:P] = np.asarray(bounds)[:, 0], np.asarray(bounds)[:, 1]
+        theta0[:P] = np.clip(theta0[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
     n0 = problem.solver.n_solves
     res = optimize.least_squares(problem.residuals, theta0, jac=problem.jacobian, bounds=(lo, hi),
                                  method="trf", x_scale="jac", max_nfev=max_nfev)
@@ -94,5 +112,6 @@ def refine(problem: LeastSquaresProblem, theta0, bounds=None, *, max_nfev: int =
         cov = s2 * linalg.pinvh(J.T @ J)
     except linalg.LinAlgError:
         cov = np.full((theta0.size, theta0.size), np.nan)
-    return Refinement(res.x, np.sqrt(np.clip(np.diag(cov), 0, None)), cov, float(res.cost),
+    theta, x0 = problem._split(res.x)
+    return Refinement(theta, np.sqrt(np.clip(np.diag(cov)[:P], 0, None)), cov[:P, :P], x0, float(res.cost),
                       problem.solver.n_solves - n0, bool(res.success), str(res.message))

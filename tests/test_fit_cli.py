@@ -28,11 +28,13 @@ def test_refinement_from_truth_is_a_stationary_optimum(lv):
 def test_refinement_jacobian_matches_finite_differences(fhn):
     c = fhn.case("R-observed")
     ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["R"], snr=100, seed=0)
-    prob = LeastSquaresProblem(fhn.system, c.times, ds.y.values, [1], ds.noise_sd.values, c.x0)
-    J = prob.jacobian(c.theta)
-    for k in range(3):
-        e = np.zeros(3); e[k] = 1e-6
-        fd = (prob.residuals(c.theta + e) - prob.residuals(c.theta - e)) / 2e-6
+    prob = LeastSquaresProblem(fhn.system, c.times, ds.y.values, [1], ds.noise_sd.values, c.x0, free_x0=[1])
+    q = np.r_[c.theta, c.x0[1]]  # parameters and the observed state's initial value
+    J = prob.jacobian(q)
+    assert J.shape == (100, 4)
+    for k in range(4):
+        e = np.zeros(4); e[k] = 1e-6
+        fd = (prob.residuals(q + e) - prob.residuals(q - e)) / 2e-6
         np.testing.assert_allclose(J[:, k], fd, rtol=1e-4, atol=1e-4 * np.abs(fd).max())
 
 
