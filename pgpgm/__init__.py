@@ -5,7 +5,7 @@ from .errors import DataError, ModelDefinitionError, ODESolveError, PgpgmError
 from .ode import ODESolver, SolverOptions, available_backends
 from .fit import FitResult, fit, load_result
 from .op import ODEOp
-from .sampler import GradientMatchingSampler, sample
+from .sampler import GradientMatchingSampler, GradientMatchingStep, sample
 from .sensitivity import sensitivity_index
 from .simulate import simulate
 from .spec import Experiment, ModelSpec, available_models, load_model
@@ -17,6 +17,7 @@ __all__ = [
     "load_result",
     "DensitySetup",
     "GradientMatchingSampler",
+    "GradientMatchingStep",
     "build_model",
     "sample",
     "Experiment",

@@ -62,9 +62,10 @@ class ODEOp(Op):
     def infer_shape(self, node, shapes):
         return [(self.solver.times.size, self.solver.system.n_states)]
 
-    def grad(self, inputs, output_grads):
+    def pullback(self, inputs, outputs, cotangents):
+        """Vector-Jacobian product from forward sensitivities: (g . dx/dtheta, g . dx/dx0)."""
         _, d_theta, d_x0 = self._sens(*inputs)
-        g = output_grads[0]
+        g = cotangents[0]
         return [pt.tensordot(g, d_theta, axes=[[0, 1], [0, 1]]), pt.tensordot(g, d_x0, axes=[[0, 1], [0, 1]])]
 
     def __str__(self) -> str:

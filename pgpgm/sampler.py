@@ -27,6 +27,7 @@ import numba
 import numpy as np
 import pymc as pm
 from pymc.model.transform.conditioning import remove_value_transforms
+from pymc.step_methods.compound import BlockedStep, Competence
 from scipy import optimize
 from tqdm.auto import tqdm
 
@@ -100,7 +101,8 @@ def _sweep(rhs, t, X, theta, obs_idx, i_start, Y, inv_var, Cinv, Dt, P, PDt, dtp
 
 @dataclass
 class _ChainState:
-    theta: np.ndarray  # (P,)
+    q: np.ndarray  # (P,) the sampler's coordinates of the parameters
+    theta: np.ndarray  # (P,) the parameters
     X: np.ndarray  # (N, S)
     F: np.ndarray  # (N, S)
     w: np.ndarray  # (M, N)
@@ -121,21 +123,26 @@ class GradientMatchingSampler:
         of the starting value (at least 0.01)
     """
 
-    def __init__(self, model: pm.Model, *, state_scale: float | None = None, param_scale=None):
+    def __init__(self, model: pm.Model, *, state_scale: float | None = None, param_scale=None,
+                 space: str = "constrained"):
+        if space not in ("constrained", "value"):
+            raise ValueError("space must be 'constrained' or 'value'")
         setup: DensitySetup | None = getattr(model, "pgpgm", None)
         if setup is None:
             raise PgpgmError("this model was not built by pgpgm.build_model (it lacks model.pgpgm)")
         self.model, self.setup = model, setup
         s = setup
         # compiling the model density takes seconds: reuse it while the model is unchanged
-        layout = tuple(v.name for v in (*model.basic_RVs, *model.potentials, *model.deterministics))
+        layout = (space, *(v.name for v in (*model.basic_RVs, *model.potentials, *model.deterministics)))
         if layout not in s.compiled:
-            um = remove_value_transforms(model)
-            outs = [um.logp()]
+            m = remove_value_transforms(model) if space == "constrained" else model
+            params = [m[p] for p in s.system.parameters]
+            outs = [m.logp(), *m.replace_rvs_by_values(params)]
             if s.latent:
-                outs += um.replace_rvs_by_values([um[n] for n in s.latent])
-            s.compiled[layout] = (um, um.compile_fn(outs, point_fn=True))
-        self._um, self._fn = s.compiled[layout]
+                outs += m.replace_rvs_by_values([m[n] for n in s.latent])
+            names = [m.rvs_to_values[v].name for v in params]
+            s.compiled[layout] = (m, m.compile_fn(outs, point_fn=True), names)
+        self._um, self._fn, self.coordinate_names = s.compiled[layout]
         N, M = s.obs.values.shape
         self._Cinv = np.ascontiguousarray(np.stack([g.C_precision for g in s.gm]))
         self._Dt = np.ascontiguousarray(np.stack([g.D.T for g in s.gm]))
@@ -156,18 +163,20 @@ class GradientMatchingSampler:
         self.n_logp_evals = 0
 
     # ------------------------------------------------------------------ helpers
-    def _point(self, theta, X) -> dict:
+    def _point(self, q, X) -> dict:
         s = self.setup
-        pt_ = {p: np.asarray(v) for p, v in zip(s.system.parameters, theta)}
+        pt_ = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
         pt_.update({n: X[:, k].copy() for n, k in zip(s.obs.states, s.observed_idx)})
         return pt_
 
-    def _evaluate(self, theta, X):
-        """Full model log density and latent states (N, L) at (theta, x_M)."""
+    def _evaluate(self, q, X):
+        """Full model log density, parameters (P,) and latent states (N, L) at coordinates q and x_M."""
         self.n_logp_evals += 1
-        out = self._fn(self._point(theta, X))
-        lat = np.column_stack(out[1:]) if self.setup.latent else None
-        return float(out[0]), lat
+        out = self._fn(self._point(q, X))
+        P = self.setup.system.n_parameters
+        theta = np.array([float(v) for v in out[1 : P + 1]])
+        lat = np.column_stack(out[P + 1 :]) if self.setup.latent else None
+        return float(out[0]), theta, lat
 
     def _refresh(self, st: _ChainState) -> None:
         s = self.setup
@@ -177,20 +186,76 @@ class GradientMatchingSampler:
         st.r = st.F[:, self._obs_idx].T - np.einsum("mij,mj->mi", self._D, dx)
         st.z = np.einsum("mij,mj->mi", self._P, st.r)
 
-    def initial_state(self, theta0) -> _ChainState:
+    def initial_state(self, q0, X0=None) -> _ChainState:
+        """Chain state at coordinates q0 (P,) and observed states X0 (N, M) (GP means if None)."""
         s = self.setup
         N = s.obs.times.size
         X = np.zeros((N, s.system.n_states))
-        X[:, self._obs_idx] = s.gp_posterior_means()
-        theta0 = np.asarray(theta0, float)
-        logp, lat = self._evaluate(theta0, X)
+        X[:, self._obs_idx] = s.gp_posterior_means() if X0 is None else X0
+        q0 = np.asarray(q0, float)
+        logp, theta, lat = self._evaluate(q0, X)
         if not np.isfinite(logp):
-            raise PgpgmError(f"the density is not finite at the starting point theta = {theta0.tolist()}")
+            raise PgpgmError(f"the density is not finite at the starting point {q0.tolist()}")
         if lat is not None:
             X[:, list(s.latent_idx)] = lat
-        st = _ChainState(theta0, X, X, X, X, X, logp)
+        st = _ChainState(q0, theta, X, X, X, X, X, logp)
         self._refresh(st)
         return st
+
+    def default_param_scale(self, st: _ChainState) -> np.ndarray:
+        P = self.setup.system.n_parameters
+        scale = self.param_scale0 if self.param_scale0 is not None else np.maximum(0.05 * np.abs(st.q), 0.01)
+        return np.broadcast_to(np.asarray(scale, float), (P,)).copy()
+
+    def iterate(self, st: _ChainState, sx, sp_, rng, acc_x, acc_p, check: bool) -> np.ndarray:
+        """One Metropolis-within-Gibbs iteration in place; returns which parameters moved (P,).
+
+        ``sx`` (N, M) and ``sp_`` (P,) are the proposal sds; ``acc_x``, ``acc_p`` count
+        acceptances; ``check`` re-evaluates the density after the state sweep (and
+        raises if the model has state terms the sweep does not track).
+        """
+        s = self.setup
+        N, M = s.obs.values.shape
+        # 1. state values, O(N) each, compiled
+        delta = _sweep(s.system.kernels.rhs, s.obs.times, st.X, st.theta, self._obs_idx, 1 if s.latent else 0,
+                       s.obs.values, self._inv_var, self._Cinv, self._Dt, self._P, self._PDt, self._dtpd,
+                       st.w, st.r, st.z, st.F, sx, rng.standard_normal((N, M)),
+                       np.log(rng.uniform(size=(N, M))), acc_x)
+        expected = st.logp + delta
+        if check:
+            fresh = self._evaluate(st.q, st.X)[0]
+            if not np.isclose(fresh, expected, rtol=1e-7, atol=1e-6):
+                raise PgpgmError(
+                    "the model density changed differently from the gradient-matching terms during the "
+                    f"state sweep ({fresh} vs {expected}): it has extra terms in the observed states, "
+                    "which this element-wise sampler does not track; sample it with pm.sample instead"
+                )
+            expected = fresh
+        # values at t_0 move the latent states' solve: full density
+        for m in range(M if s.latent else 0):
+            Xp = st.X.copy()
+            Xp[0, s.observed_idx[m]] += sx[0, m] * rng.standard_normal()
+            lp, _, lat = self._evaluate(st.q, Xp)
+            if np.log(rng.uniform()) < lp - expected:
+                Xp[:, list(s.latent_idx)] = lat
+                st.X, expected = Xp, lp
+                acc_x[0, m] += 1
+                self._refresh(st)
+        st.logp = expected
+        # 2. parameters, each with a fresh latent-state solve
+        moved = np.zeros(s.system.n_parameters, dtype=bool)
+        for j in range(moved.size):
+            prop = st.q.copy()
+            prop[j] += sp_[j] * rng.standard_normal()
+            lp, theta, lat = self._evaluate(prop, st.X)
+            if np.log(rng.uniform()) < lp - st.logp:  # -inf (outside prior, failed solve) rejects
+                st.q, st.theta, st.logp = prop, theta, lp
+                if lat is not None:
+                    st.X[:, list(s.latent_idx)] = lat
+                self._refresh(st)
+                moved[j] = True
+        acc_p += moved
+        return moved
 
     # ------------------------------------------------------------------ one chain
     def run_chain(self, theta0, draws: int, tune: int, rng: np.random.Generator, progress=None) -> dict:
@@ -198,65 +263,20 @@ class GradientMatchingSampler:
         N, M = s.obs.values.shape
         P = s.system.n_parameters
         st = self.initial_state(theta0)
-        sx = self.state_scale0.copy()
-        sp_ = np.broadcast_to(
-            np.asarray(self.param_scale0 if self.param_scale0 is not None else np.maximum(0.05 * np.abs(st.theta), 0.01),
-                       float), (P,)).copy()
-        i_start = 1 if s.latent else 0
-        acc_x = np.zeros((N, M))
-        acc_p = np.zeros(P)
+        sx, sp_ = self.state_scale0.copy(), self.default_param_scale(st)
+        acc_x, acc_p = np.zeros((N, M)), np.zeros(P)
         out_theta = np.empty((draws, P))
         out_X = np.empty((draws, N, s.system.n_states))
         out_lp = np.empty(draws)
         out_ax = np.empty(draws)
         out_ap = np.zeros((draws, P), dtype=bool)
         for it in range(tune + draws):
-            # 1. state values, O(N) each, compiled
             acc_before = acc_x.sum()
-            delta = _sweep(s.system.kernels.rhs, s.obs.times, st.X, st.theta, self._obs_idx, i_start,
-                           s.obs.values, self._inv_var, self._Cinv, self._Dt, self._P, self._PDt, self._dtpd,
-                           st.w, st.r, st.z, st.F, sx, rng.standard_normal((N, M)),
-                           np.log(rng.uniform(size=(N, M))), acc_x)
-            expected = st.logp + delta
-            if it < 3 or it % 100 == 0:  # exact up to round-off; checked, then re-anchored
-                fresh, _ = self._evaluate(st.theta, st.X)
-                if it < 3 and not np.isclose(fresh, expected, rtol=1e-7, atol=1e-6):
-                    raise PgpgmError(
-                        "the model density changed differently from the gradient-matching terms during the "
-                        f"state sweep ({fresh} vs {expected}): it has extra terms in the observed states, "
-                        "which this element-wise sampler does not track; sample it with pm.sample instead"
-                    )
-                expected = fresh
-            # values at t_0 move the latent states' solve: full density
-            for m in range(M if s.latent else 0):
-                k = s.observed_idx[m]
-                Xp = st.X.copy()
-                Xp[0, k] += sx[0, m] * rng.standard_normal()
-                lp, lat = self._evaluate(st.theta, Xp)
-                if np.log(rng.uniform()) < lp - expected:
-                    Xp[:, list(s.latent_idx)] = lat
-                    st.X, expected = Xp, lp
-                    acc_x[0, m] += 1
-                    self._refresh(st)
-            st.logp = expected
-            # 2. parameters, each with a fresh latent-state solve
-            accepted_p = np.zeros(P, dtype=bool)
-            for j in range(P):
-                prop = st.theta.copy()
-                prop[j] += sp_[j] * rng.standard_normal()
-                lp, lat = self._evaluate(prop, st.X)
-                if np.log(rng.uniform()) < lp - st.logp:  # -inf (outside prior, failed solve) rejects
-                    st.theta, st.logp = prop, lp
-                    if lat is not None:
-                        st.X[:, list(s.latent_idx)] = lat
-                    self._refresh(st)
-                    accepted_p[j] = True
-            acc_p += accepted_p
+            moved = self.iterate(st, sx, sp_, rng, acc_x, acc_p, check=it < 3)
+            if it % 100 == 99:  # re-anchor the incrementally updated density against round-off
+                st.logp = self._evaluate(st.q, st.X)[0]
             if it < tune and (it + 1) % _ADAPT_EVERY == 0:
-                sx *= np.exp(2.0 * (acc_x / _ADAPT_EVERY - TARGET_ACCEPT))
-                sp_ *= np.exp(2.0 * (acc_p / _ADAPT_EVERY - TARGET_ACCEPT))
-                acc_x[:] = 0
-                acc_p[:] = 0
+                adapt(sx, sp_, acc_x, acc_p, _ADAPT_EVERY)
             if it == tune - 1:
                 acc_x[:] = 0
                 acc_p[:] = 0
@@ -264,16 +284,24 @@ class GradientMatchingSampler:
                 d = it - tune
                 out_theta[d], out_X[d], out_lp[d] = st.theta, st.X, st.logp
                 out_ax[d] = (acc_x.sum() - acc_before) / max(N * M, 1)
-                out_ap[d] = accepted_p
+                out_ap[d] = moved
             if progress is not None:
                 progress.update(1)
-        n_x = N * M
         return {
             "theta": out_theta, "X": out_X, "lp": out_lp, "accept_x": out_ax, "accept_theta": out_ap,
             "state_scale": sx, "param_scale": sp_,
-            "accept_rate_x": float(acc_x.sum() / max(draws * n_x, 1)),
+            "accept_rate_x": float(acc_x.sum() / max(draws * N * M, 1)),
             "accept_rate_theta": (acc_p / max(draws, 1)).tolist(),
         }
+
+
+def adapt(sx, sp_, acc_x, acc_p, window: int) -> None:
+    """Scale proposal sds toward an acceptance rate of 0.44 over the last ``window`` iterations
+    (in place) and reset the counters."""
+    sx *= np.exp(2.0 * (acc_x / window - TARGET_ACCEPT))
+    sp_ *= np.exp(2.0 * (acc_p / window - TARGET_ACCEPT))
+    acc_x[:] = 0
+    acc_p[:] = 0
 
 
 def _start_theta(sampler: GradientMatchingSampler, init, rng) -> np.ndarray:
@@ -306,7 +334,7 @@ def _density_mode(sampler: GradientMatchingSampler, theta0: np.ndarray) -> np.nd
     X[:, sampler._obs_idx] = sampler.setup.gp_posterior_means()
 
     def neg(theta):
-        lp, _ = sampler._evaluate(theta, X)
+        lp = sampler._evaluate(theta, X)[0]
         return -lp if np.isfinite(lp) else 1e300
 
     b = sampler.setup.prior_bounds
@@ -405,3 +433,79 @@ def _to_datatree(s: DensitySetup, results: list[dict], settings: dict):
     )
     tree.attrs.update(attrs)
     return tree
+
+
+class GradientMatchingStep(BlockedStep):
+    """The same Metropolis-within-Gibbs scheme as a PyMC step method, for ``pm.sample``.
+
+    Use it on a model from :func:`pgpgm.build_model`::
+
+        with model:
+            idata = pm.sample(step=pgpgm.GradientMatchingStep(), initvals=model.pgpgm.initial_point(theta0),
+                              cores=1)
+
+    Parameter proposals act on PyMC's (transformed) value variables; observed-state
+    proposals, burn-in adaptation and the O(N) sweep are those of :func:`sample`. It
+    takes every free variable of the model.
+    """
+
+    name = "gradient_matching_metropolis"
+    stats_dtypes_shapes = {
+        "accept_x": (np.float64, []),
+        "accepted_theta": (np.int64, []),
+        "tune": (bool, []),
+    }
+
+    def __init__(self, vars=None, *, model=None, rng=None, blocked: bool = True,
+                 state_scale: float | None = None, param_scale=None):
+        model = pm.modelcontext(model)
+        self.vars = list(model.value_vars)
+        self._sampler = GradientMatchingSampler(model, state_scale=state_scale, param_scale=param_scale,
+                                                space="value")
+        self.setup_chain(np.random.default_rng(rng), 1, 1)
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """Fresh per-chain state: generator, initial proposal scales, counters."""
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        self.tune = tune > 0
+        self._sx = self._sampler.state_scale0.copy()
+        self._sp = None
+        N, M = self._sampler.setup.obs.values.shape
+        self._acc_x, self._acc_p = np.zeros((N, M)), np.zeros(self._sampler.setup.system.n_parameters)
+        self._n = 0
+
+    def reset_tuning(self) -> None:
+        self._sx = self._sampler.state_scale0.copy()
+        self._sp = None
+        self._acc_x[:] = 0
+        self._acc_p[:] = 0
+        self._n = 0
+
+    def step(self, point):
+        smp = self._sampler
+        s = smp.setup
+        q = np.array([float(point[n]) for n in smp.coordinate_names])
+        X0 = np.column_stack([point[n] for n in s.obs.states])
+        st = smp.initial_state(q, X0)
+        if self._sp is None:
+            self._sp = smp.default_param_scale(st)
+        before = self._acc_x.sum()
+        moved = smp.iterate(st, self._sx, self._sp, self.rng, self._acc_x, self._acc_p, check=self._n < 3)
+        self._n += 1
+        if self.tune and self._n % _ADAPT_EVERY == 0:
+            adapt(self._sx, self._sp, self._acc_x, self._acc_p, _ADAPT_EVERY)
+        new = dict(point)
+        new.update({n: np.asarray(v, dtype=point[n].dtype) for n, v in zip(smp.coordinate_names, st.q)})
+        new.update({n: st.X[:, k].copy() for n, k in zip(s.obs.states, s.observed_idx)})
+        stats = {"accept_x": float((self._acc_x.sum() - before) / self._acc_x.size),
+                 "accepted_theta": int(moved.sum()), "tune": self.tune}
+        return new, [stats]
+
+    def stop_tuning(self):
+        self.tune = False
+        self._acc_x[:] = 0
+        self._acc_p[:] = 0
+
+    @staticmethod
+    def competence(var, has_grad):
+        return Competence.INCOMPATIBLE  # only when asked for explicitly

@@ -191,3 +191,18 @@ def test_extra_terms_in_states_are_detected(lv):
         pm.Potential("extra", -0.5 * (model["x1"] ** 2).sum())
     with pytest.raises(pgpgm.PgpgmError, match="extra terms"):
         sample(model, draws=5, tune=5, chains=1, progressbar=False)
+
+
+def test_pymc_step_method_matches_known_gaussian_posterior():
+    model, m_theta, v_theta, m_x = _gaussian_case()
+    with model:
+        tree = pm.sample(draws=3000, tune=1000, chains=2, cores=1, step=pgpgm.GradientMatchingStep(),
+                         initvals=model.pgpgm.initial_point([m_theta + 0.3]), random_seed=4,
+                         progressbar=False, compute_convergence_checks=False)
+    th = tree.posterior["theta"]
+    ess = float(az.ess(tree, var_names=["theta"])["theta"])
+    assert ess > 100
+    assert abs(float(th.mean()) - m_theta) < 4 * np.sqrt(v_theta / ess)
+    assert abs(float(th.var()) / v_theta - 1) < 4 * np.sqrt(2 / ess)
+    # every chain moves (per-chain state is reset between chains)
+    assert np.all(tree.sample_stats["accept_x"].mean("draw").values > 0.2)
