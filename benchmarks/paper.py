@@ -29,7 +29,7 @@ for name, case_name in CASES:
         data = pgpgm.simulate(spec.system, c.theta, c.x0, c.times, observed=c.observed, noise_sd=c.noise_sd,
                               snr=c.snr, seed=seed)
         r = pgpgm.fit(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=bounds,
-                      tune=1500, draws=c.iterations - 1500, seed=seed, progressbar=False)
+                      tune=1500, draws=c.iterations - 1500, chains=2, seed=seed, progressbar=False)
         est = r.estimates["theta"]
         rel = lambda th: np.abs(th - c.theta)[identifiable] / np.abs(c.theta)[identifiable]  # noqa: E731
         latent = [s for s in spec.system.states if s not in c.observed]

@@ -18,7 +18,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--draws", type=int, default=None, help="kept MCMC iterations per chain (default: published "
                        "iterations minus burn-in)")
         q.add_argument("--tune", type=int, default=1500, help="burn-in iterations per chain (default 1500)")
-        q.add_argument("--chains", type=int, default=1, help="independent chains (default 1)")
+        q.add_argument("--chains", type=int, default=2, help="independent chains; the first starts at the prior "
+                       "midpoint, the others at prior draws, and refinement starts from each (default 2)")
         q.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampler (default 0)")
         q.add_argument("--out", type=Path, default=None, help="output folder (default results/<name>)")
         q.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -156,7 +156,7 @@ def fit_gp(
     fixed = None if noise_sd is None else noise_sd / scale
     b = _default_bounds(kernel, t) if bounds is None else np.asarray(bounds, float)
     if fixed is None and b.shape[0] == len(kernel.hyperparameters):
-        b = np.vstack([b, np.log([1e-3, 1.0])])
+        b = np.vstack([b, np.log([1e-2, 1.0])])  # noise >= 1 % of the data sd: no interpolation of noise
     rng = np.random.default_rng(seed)
     guess = np.clip(np.log([1.0] + [0.1 * (t[-1] - t[0]) if h == "lengthscale" else 1.0
                                     for h in kernel.hyperparameters[1:]] + ([0.1] if fixed is None else [])),

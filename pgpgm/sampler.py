@@ -352,7 +352,7 @@ def sample(
     tune: int = 1500,
     chains: int = 2,
     seed: int | None = 0,
-    init="prior-median",
+    init="spread",
     state_scale: float | None = None,
     param_scale=None,
     progressbar: bool = True,
@@ -366,8 +366,9 @@ def sample(
         dropped; proposal scales adapt during it)
     chains : independent chains, run one after another
     seed : seeds every chain (via :class:`numpy.random.SeedSequence`)
-    init : ``"prior-median"`` (default: the priors' initial point, e.g. Uniform
-        midpoints), ``"map"`` (the density's mode over theta with x_M at the GP means,
+    init : ``"spread"`` (default: the first chain at the priors' initial point, e.g.
+        Uniform midpoints, every further chain at a random prior draw - a multi-start),
+        ``"prior-median"`` (every chain at the priors' initial point), ``"map"`` (the density's mode over theta with x_M at the GP means,
         by Powell's method from the prior-median, jittered by 2 % per chain; it can
         land in a poor mode, e.g. Lotka-Volterra with x2 observed), ``"prior"`` (a
         random prior draw per chain) or P starting values
@@ -391,8 +392,17 @@ def sample(
     with tqdm(total=chains * (tune + draws), disable=not progressbar, desc="pgpgm sampling", unit="it") as bar:
         for c in range(chains):
             rng = np.random.default_rng(seeds[c])
-            theta0 = _start_theta(sampler, init, rng)
-            results.append(sampler.run_chain(theta0, draws, tune, rng, bar))
+            chain_init = init if init != "spread" else ("prior-median" if c == 0 else "prior")
+            for attempt in range(20):  # a random start may sit where the latent solve fails
+                theta0 = _start_theta(sampler, chain_init, rng)
+                try:
+                    results.append(sampler.run_chain(theta0, draws, tune, rng, bar))
+                    break
+                except PgpgmError as exc:
+                    if chain_init != "prior" or "not finite at the starting point" not in str(exc):
+                        raise
+            else:
+                raise PgpgmError("20 prior draws gave no finite density to start a chain from; pass init=...")
     elapsed = time.perf_counter() - t0
     return _to_datatree(s, results, {
         "draws": draws, "tune": tune, "chains": chains, "seed": -1 if seed is None else seed,

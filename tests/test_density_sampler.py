@@ -154,7 +154,7 @@ def test_lotka_volterra_posterior_near_least_squares_optimum(lv):
     c, ds = _data(lv, "x1-observed")
     model = build_model(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))
     # the published budget: 3500 iterations per chain (1500 burn-in)
-    tree = sample(model, draws=2000, tune=1500, chains=2, seed=3, progressbar=False)
+    tree = sample(model, draws=2000, tune=1500, chains=2, seed=3, init="prior-median", progressbar=False)
     post = np.array([float(tree.posterior[p].mean()) for p in lv.system.parameters])
     prob = LeastSquaresProblem(lv.system, c.times, ds.y.values, [0], [0.1], c.x0)
     opt = refine(prob, c.theta).theta
