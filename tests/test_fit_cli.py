@@ -69,6 +69,9 @@ def test_fit_result_contents(small_fit, lv):
     assert r.trajectories["x"].sel(estimate="truth").shape == (400, 2)
     assert r.n_ode_solves["sampling"] > 0 and r.n_ode_solves["refinement"] > 0
     assert set(r.timings) == {"gp", "sampling", "refinement", "total"}
+    # multi-start refinement: pooled mean + each of the 2 chains' means; the best one is kept
+    costs = r.estimates.attrs["refinement_costs_per_start"]
+    assert len(costs) == 3 and r.estimates.attrs["refinement_cost"] == min(costs)
     f1, f2 = r.plot_states(), r.plot_parameters()
     assert len(f1.axes) == 2 and len(f2.axes) == 1
 
