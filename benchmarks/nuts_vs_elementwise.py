@@ -1,0 +1,44 @@
+"""ESS per second of NUTS (pm.sample, the Op's sensitivity gradients) against the element-wise
+Metropolis-within-Gibbs sampler on the same gradient-matching density.
+
+    ./run.sh bench nuts_vs_elementwise
+"""
+
+import time
+
+import arviz as az
+import pymc as pm
+
+import pgpgm
+from _common import write
+
+rows = []
+for name, case_name in (("fitzhugh-nagumo", "R-observed"),):  # NUTS takes ~12 min a case here
+    spec = pgpgm.load_model(name)
+    c = spec.case(case_name)
+    data = pgpgm.simulate(spec.system, c.theta, c.x0, c.times, observed=c.observed, noise_sd=c.noise_sd,
+                          snr=c.snr, seed=0)
+    bounds = {p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)}
+    model = pgpgm.build_model(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=bounds)
+    params = list(spec.system.parameters)
+    pgpgm.sample(model, draws=10, tune=10, chains=1, progressbar=False)  # compile
+    t0 = time.perf_counter()
+    tree = pgpgm.sample(model, draws=2000, tune=1500, chains=1, seed=1, progressbar=False)
+    el = time.perf_counter() - t0
+    ess = az.ess(tree, var_names=params)
+    rows.append({"case": f"{name} {case_name}", "sampler": "element-wise MwG (3500 it)", "seconds": el,
+                 "min_ESS_theta": min(float(ess[p]) for p in params),
+                 "min_ESS_per_s": min(float(ess[p]) for p in params) / el})
+    start = model.pgpgm.initial_point(c.prior_bounds.mean(axis=1))
+    with model:
+        t0 = time.perf_counter()
+        idata = pm.sample(draws=500, tune=500, chains=1, cores=1, initvals=start, random_seed=1,
+                          progressbar=False, compute_convergence_checks=False)
+        el = time.perf_counter() - t0
+    ess = az.ess(idata, var_names=params)
+    div = int(idata.sample_stats["diverging"].sum())
+    rows.append({"case": f"{name} {case_name}", "sampler": f"NUTS (500 + 500, {div} divergences)", "seconds": el,
+                 "min_ESS_theta": min(float(ess[p]) for p in params),
+                 "min_ESS_per_s": min(float(ess[p]) for p in params) / el})
+    print(rows[-2:], flush=True)
+write("nuts_vs_elementwise", rows, "## NUTS vs element-wise Metropolis-within-Gibbs (one chain, seed 1, from the prior midpoints)")
