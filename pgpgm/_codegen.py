@@ -14,7 +14,7 @@ error test on all components keeps the sensitivities at the requested tolerance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -126,8 +126,7 @@ def compile_kernels(system: ODESystem) -> CompiledKernels:
                     m[base + j, base + i] = jx_[i, j]
 
     kernels = CompiledKernels(S, P, rhs, jac_x, jac_p, rhs_grid, aug_rhs, None)
-    cv = _cvode_callbacks(kernels, aug_jac_colmajor)
-    return CompiledKernels(S, P, rhs, jac_x, jac_p, rhs_grid, aug_rhs, cv)
+    return replace(kernels, cvode=_cvode_callbacks(kernels, aug_jac_colmajor))
 
 
 def _cvode_callbacks(k: CompiledKernels, aug_jac_colmajor) -> CvodeCallbacks | None:

@@ -28,9 +28,9 @@ _RESERVED = {"t"} | set(ALLOWED_FUNCTIONS) | set(ALLOWED_CONSTANTS)
 
 
 def _check_names(states: Sequence[str], parameters: Sequence[str]) -> None:
+    if not states:
+        raise ModelDefinitionError("an ODE system needs at least one state")
     for kind, names in (("state", states), ("parameter", parameters)):
-        if len(names) == 0 and kind == "state":
-            raise ModelDefinitionError("an ODE system needs at least one state")
         for n in names:
             if not isinstance(n, str) or not _NAME.match(n) or keyword.iskeyword(n):
                 raise ModelDefinitionError(f"{kind} name {n!r} is not a valid identifier")
@@ -196,7 +196,7 @@ class ODESystem:
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
     def kernels(self):
-        """Numba-compiled kernels (see :mod:`pgpgm._kernels_codegen`), built on first use."""
+        """Numba-compiled kernels (see :mod:`pgpgm._codegen`), built on first use."""
         from ._codegen import compile_kernels
 
         return compile_kernels(self)
