@@ -63,7 +63,7 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   experiment)
     setup
-    if [ $# -eq 0 ]; then set -- lotka-volterra --case x2-observed --out results/lotka-volterra; fi
+    if [ $# -eq 0 ]; then set -- fitzhugh-nagumo --case R-observed --out results/fitzhugh-nagumo; fi
     exec "$PY" -m pgpgm.cli run "$@" ;;
   test)
     setup

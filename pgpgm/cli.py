@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write_outputs(result, out: Path, title: str) -> None:
+def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +64,7 @@ def _write_outputs(result, out: Path, title: str) -> None:
     result.save(out / "result.nc")
     lines = [f"# {title}", "", table.to_markdown(floatfmt=".4g") if _has_tabulate() else table.to_string(), "",
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
-             "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items())]
+             "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"\nwrote {out}/states.png, parameters.png, parameters.csv, summary.md, result.nc")
@@ -94,7 +94,17 @@ def _run(a) -> int:
     result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=priors,
                        draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress)
     out = a.out or Path("results") / f"{spec.system.name}_{case.name}"
-    _write_outputs(result, out, f"{spec.system.name}, case {case.name} (observed {', '.join(observed)})")
+    extra = []
+    if "least_squares_bad_start" in case.extra:  # the published local-minimum example
+        from .refine import LeastSquaresProblem, refine
+
+        idx = spec.system.index_of_states(observed)
+        problem = LeastSquaresProblem(spec.system, case.times, data.y.values, idx, data.noise_sd.values, case.x0)
+        start = np.asarray(case.extra["least_squares_bad_start"], float)
+        lsq = refine(problem, start, case.prior_bounds)
+        extra = [f"least squares alone from {start.tolist()}: theta = {np.round(lsq.theta, 4).tolist()}, "
+                 f"cost {lsq.cost:.1f}; pgpgm: cost {problem.cost(result.theta):.1f}"]
+    _write_outputs(result, out, f"{spec.system.name}, case {case.name} (observed {', '.join(observed)})", extra)
     return 0
 
 

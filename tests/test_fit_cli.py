@@ -1,5 +1,7 @@
 """Step 3 and the product around it: refinement, fit, save/load, CLI."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -97,6 +99,16 @@ def test_cli_run_writes_outputs(tmp_path, capsys):
         assert (out / f).stat().st_size > 0
     tab = pd.read_csv(out / "parameters.csv", index_col=0)
     assert list(tab["true"]) == [2.0, 1.0, 4.0, 1.0]
+
+
+def test_cli_run_reports_the_local_minimum_example(tmp_path):
+    out = tmp_path / "fhn"
+    assert main(["run", "fitzhugh-nagumo", "--case", "R-observed", "--draws", "150", "--tune", "150", "--chains", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    line = [ln for ln in (out / "summary.md").read_text().splitlines() if ln.startswith("least squares alone")]
+    assert len(line) == 1
+    lsq_cost, fit_cost = (float(v) for v in re.findall(r"cost ([0-9.]+)", line[0]))
+    assert fit_cost < lsq_cost
 
 
 def test_cli_fit_user_model(tmp_path):
