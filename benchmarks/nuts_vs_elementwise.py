@@ -16,10 +16,8 @@ rows = []
 for name, case_name in (("fitzhugh-nagumo", "R-observed"),):  # NUTS takes ~12 min a case here
     spec = pgpgm.load_model(name)
     c = spec.case(case_name)
-    data = pgpgm.simulate(spec.system, c.theta, c.x0, c.times, observed=c.observed, noise_sd=c.noise_sd,
-                          snr=c.snr, seed=0)
-    bounds = {p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)}
-    model = pgpgm.build_model(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=bounds)
+    model = pgpgm.build_model(spec.system, spec.simulate(case_name, seed=0), c.observed, kernel=c.kernel,
+                              gamma=c.gamma, priors=spec.priors(case_name))
     params = list(spec.system.parameters)
     pgpgm.sample(model, draws=10, tune=10, chains=1, progressbar=False)  # compile
     t0 = time.perf_counter()

@@ -23,12 +23,10 @@ rows = []
 for name, case_name in CASES:
     spec = pgpgm.load_model(name)
     c = spec.case(case_name)
-    bounds = {p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)}
     identifiable = [p != "t6" for p in spec.system.parameters]  # t6 is published as not identifiable
     for seed in range(args.seeds):
-        data = pgpgm.simulate(spec.system, c.theta, c.x0, c.times, observed=c.observed, noise_sd=c.noise_sd,
-                              snr=c.snr, seed=seed)
-        r = pgpgm.fit(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=bounds,
+        r = pgpgm.fit(spec.system, spec.simulate(case_name, seed=seed), c.observed, kernel=c.kernel, gamma=c.gamma,
+                      priors=spec.priors(case_name),
                       tune=1500, draws=c.iterations - 1500, chains=2, seed=seed, progressbar=False)
         est = r.estimates["theta"]
         rel = lambda th: np.abs(th - c.theta)[identifiable] / np.abs(c.theta)[identifiable]  # noqa: E731

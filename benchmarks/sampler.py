@@ -18,10 +18,8 @@ for name, case_name in (("fitzhugh-nagumo", "V-observed"), ("fitzhugh-nagumo", "
                         ("protein-transduction", "R-latent"), ("protein-transduction", "S-R-latent")):
     spec = pgpgm.load_model(name)
     c = spec.case(case_name)
-    data = pgpgm.simulate(spec.system, c.theta, c.x0, c.times, observed=c.observed, noise_sd=c.noise_sd,
-                          snr=c.snr, seed=0)
-    bounds = {p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)}
-    model = pgpgm.build_model(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=bounds)
+    model = pgpgm.build_model(spec.system, spec.simulate(case_name, seed=0), c.observed, kernel=c.kernel,
+                              gamma=c.gamma, priors=spec.priors(case_name))
     pgpgm.sample(model, draws=20, tune=20, chains=1, progressbar=False)  # compile
     tune = 1500
     draws = c.iterations - tune

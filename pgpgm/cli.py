@@ -85,13 +85,13 @@ def _run(a) -> int:
     spec = pgpgm.load_model(a.model)
     case = spec.case(a.case)
     observed = a.observe or list(case.observed)
-    noise = a.noise_sd if a.noise_sd is not None else case.noise_sd
-    snr = None if a.noise_sd is not None else case.snr
-    data = pgpgm.simulate(spec.system, case.theta, case.x0, case.times, observed=observed, noise_sd=noise, snr=snr,
-                          seed=a.seed)
+    if a.noise_sd is not None:
+        data = pgpgm.simulate(spec.system, case.theta, case.x0, case.times, observed=observed, noise_sd=a.noise_sd,
+                              seed=a.seed)
+    else:
+        data = spec.simulate(case.name, seed=a.seed, observed=observed)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
-    priors = {p: tuple(b) for p, b in zip(spec.system.parameters, case.prior_bounds)}
-    result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=priors,
+    result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=spec.priors(case.name),
                        draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress)
     out = a.out or Path("results") / f"{spec.system.name}_{case.name}"
     extra = []
@@ -130,7 +130,7 @@ def _fit(a) -> int:
     if not x0 and np.isfinite(case.x0).any():
         x0 = {s: v for s, v in zip(spec.system.states, case.x0) if np.isfinite(v)}
     bounds = tuple(a.bounds) if a.bounds else None
-    priors = bounds or {p: tuple(b) for p, b in zip(spec.system.parameters, case.prior_bounds)}
+    priors = bounds or spec.priors(case.name)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
     result = pgpgm.fit(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
                        gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,

@@ -63,6 +63,19 @@ class ModelSpec:
     cases: Mapping[str, Experiment]
     description: str = ""
 
+    def priors(self, case: str | None = None) -> dict[str, tuple[float, float]]:
+        """The case's uniform prior bounds by parameter name (for :func:`pgpgm.build_model`)."""
+        c = self.case(case)
+        return {p: (float(lo), float(hi)) for p, (lo, hi) in zip(self.system.parameters, c.prior_bounds)}
+
+    def simulate(self, case: str | None = None, *, seed=None, observed=None):
+        """The case's simulated data set (:func:`pgpgm.simulate` with its theta, x0, times and noise)."""
+        from .simulate import simulate
+
+        c = self.case(case)
+        return simulate(self.system, c.theta, c.x0, c.times, observed=observed or c.observed,
+                        noise_sd=c.noise_sd, snr=c.snr, seed=seed)
+
     def case(self, name: str | None = None) -> Experiment:
         """The case called ``name`` (the first one when None)."""
         if name is None:

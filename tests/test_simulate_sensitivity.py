@@ -51,3 +51,11 @@ def test_sensitivity_index_analytic():
     x = np.exp(-0.5 * t)
     expected = np.sqrt(np.trapezoid((t * x) ** 2, t) / np.trapezoid(x**2, t))
     assert float(idx.sel(parameter="k", state="x")) == pytest.approx(expected, rel=1e-5)
+
+
+def test_model_spec_simulate_and_priors_follow_the_case(fhn):
+    c = fhn.case("R-observed")
+    ds = fhn.simulate("R-observed", seed=5)
+    direct = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["R"], snr=100, seed=5)
+    np.testing.assert_array_equal(ds.y.values, direct.y.values)
+    assert fhn.priors("R-observed") == {"a": (0.0, 5.0), "b": (0.0, 5.0), "c": (0.0, 5.0)}
