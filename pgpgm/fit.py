@@ -153,7 +153,7 @@ def fit(
         x0_full[setup.observed_idx[m]] = float(post[s].isel(time=0).mean())
 
     t2 = time.perf_counter()
-    bounds = _bounds(system, priors)
+    bounds = setup.prior_bounds  # the uniform priors' support, None for other priors
     problem = LeastSquaresProblem(system, setup.obs.times, setup.obs.values, setup.observed_idx, setup.noise_sd,
                                   x0_full, free_x0=setup.observed_idx if refine_x0 else (), backend=backend,
                                   options=solver_options)
@@ -201,16 +201,6 @@ def fit(
     solves = {"sampling": setup.op.solver.n_solves if setup.op is not None else 0,
               "refinement": sum(r.n_solves for r in refinements)}
     return FitResult(system, tree, est, traj, timings, solves)
-
-
-def _bounds(system: ODESystem, priors) -> np.ndarray | None:
-    if priors is None:
-        return np.array([[0.0, 10.0]] * system.n_parameters)
-    if isinstance(priors, tuple):
-        return np.array([priors] * system.n_parameters, float)
-    if isinstance(priors, Mapping) and all(isinstance(priors.get(p), tuple) for p in system.parameters):
-        return np.array([priors[p] for p in system.parameters], float)
-    return None
 
 
 def _safe_solve(solver: ODESolver, theta, x0) -> np.ndarray:
