@@ -2,14 +2,15 @@
 
 from .density import DensitySetup, build_model
 from .errors import DataError, ModelDefinitionError, ODESolveError, PgpgmError
-from .ode import ODESolver, SolverOptions, available_backends
-from .fit import FitResult, fit, load_result
-from .op import ODEOp
-from .sampler import GradientMatchingSampler, GradientMatchingStep, sample
+from .solve.base import ODESolver, SolverOptions, available_backends
+from .pipeline import fit
+from .result import FitResult, load_result
+from .solve.op import ODEOp
+from .sampling import GradientMatchingSampler, GradientMatchingStep, sample
 from .sensitivity import sensitivity_index
 from .simulate import simulate
-from .spec import Experiment, ModelSpec, available_models, load_model
-from .system import ODESystem
+from .ode.spec import Experiment, ModelSpec, available_models, load_model
+from .ode.system import ODESystem
 
 __all__ = [
     "FitResult",

@@ -22,55 +22,13 @@ import pytensor.tensor as pt
 import xarray as xr
 
 from .errors import DataError
-from .gp import GPFit, GradientMatching, fit_gp, gradient_matching
-from .ode import SolverOptions, check_times
-from .op import ODEOp
-from .system import ODESystem
+from .gp.fit import GPFit, GradientMatching, fit_gp, gradient_matching
+from .data import Observations, as_observations
+from .solve.base import SolverOptions
+from .solve.op import ODEOp
+from .ode.system import ODESystem
 
 PriorSpec = tuple[float, float] | Callable[[str], pt.TensorVariable]
-
-
-@dataclass(frozen=True)
-class Observations:
-    """Measured series on one time grid.
-
-    times : (N,); values : (N, M); states : the M observed state names.
-    """
-
-    times: np.ndarray
-    values: np.ndarray
-    states: tuple[str, ...]
-
-
-def as_observations(data, observed: Sequence[str] | None, system: ODESystem) -> Observations:
-    """Accept an xarray Dataset from :func:`pgpgm.simulate` (variable ``y``), a pandas
-    DataFrame with a ``time`` column and one column per state, or a dict of arrays
-    ``{"time": t, state: values, ...}``; keep the states in ``observed``."""
-    if isinstance(data, xr.Dataset):
-        t = data["time"].values
-        avail = {s: data["y"].sel(observed=s).values for s in data["observed"].values.tolist()}
-    else:
-        if hasattr(data, "to_dict") and hasattr(data, "columns"):
-            data = {c: data[c].to_numpy() for c in data.columns}
-        if not isinstance(data, Mapping) or "time" not in data:
-            raise DataError("data must be a Dataset from pgpgm.simulate, or a table/dict with a 'time' column")
-        t = np.asarray(data["time"], float)
-        avail = {k: np.asarray(v, float) for k, v in data.items() if k != "time"}
-    unknown = [k for k in avail if k not in system.states]
-    if unknown:
-        raise DataError(f"data columns {unknown} are not states of {system.name} {list(system.states)}")
-    observed = tuple(avail) if observed is None else tuple([observed] if isinstance(observed, str) else observed)
-    system.index_of_states(observed)
-    missing = [s for s in observed if s not in avail]
-    if missing:
-        raise DataError(f"observed states {missing} have no data; data has {list(avail)}")
-    t = check_times(t, min_points=3)
-    Y = np.column_stack([avail[s] for s in observed])
-    if Y.shape[0] != t.size:
-        raise DataError(f"data have {Y.shape[0]} rows but {t.size} times")
-    if not np.all(np.isfinite(Y)):
-        raise DataError("observations contain NaN or inf")
-    return Observations(t, Y, observed)
 
 
 @dataclass(frozen=True)
@@ -156,7 +114,7 @@ def build_model(
     observed : names of the measured states (default: every state present in ``data``)
     x0 : initial values of the latent states (mapping by name, or a full (S,) vector whose
         observed entries are ignored); taken from ``data.attrs["x0"]`` when omitted
-    kernel : GP kernel name or :class:`~pgpgm.kernels.Kernel`
+    kernel : GP kernel name or :class:`~pgpgm.gp.kernels.Kernel`
     gamma : gradient-matching mismatch variance (state-derivative units^2)
     priors : per-parameter ``(lower, upper)`` for a Uniform prior, or a callable
         ``name -> PyMC variable`` (called inside the model); one spec for all

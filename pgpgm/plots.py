@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .fit import FitResult
+    from .result import FitResult
 
 _COLORS = {"truth": "black", "sampled": "tab:orange", "refined": "tab:blue"}
 

@@ -15,8 +15,8 @@ import numpy as np
 from scipy import linalg, optimize
 
 from .errors import ODESolveError
-from .ode import ODESolver, SolverOptions
-from .system import ODESystem
+from .solve.base import ODESolver, SolverOptions
+from .ode.system import ODESystem
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
 

@@ -6,8 +6,8 @@ import numpy as np
 import xarray as xr
 from scipy.integrate import trapezoid
 
-from .ode import ODESolver, SolverOptions
-from .system import ODESystem
+from .solve.base import ODESolver, SolverOptions
+from .ode.system import ODESystem
 
 
 def sensitivity_index(

@@ -8,8 +8,8 @@ import numpy as np
 import xarray as xr
 
 from .errors import DataError
-from .ode import ODESolver, SolverOptions
-from .system import ODESystem
+from .solve.base import ODESolver, SolverOptions
+from .ode.system import ODESystem
 
 
 def simulate(

@@ -9,7 +9,7 @@ from scipy import stats
 
 import pgpgm
 from pgpgm import DataError, ODESystem, build_model, sample
-from pgpgm.ode import ODESolver
+from pgpgm.solve.base import ODESolver
 from pgpgm.refine import LeastSquaresProblem, refine
 from tests.conftest import scipy_reference
 

@@ -5,7 +5,7 @@ import pytest
 
 from pgpgm import DataError
 from pgpgm.gp import fit_gp, gradient_matching
-from pgpgm.kernels import KERNELS, Kernel
+from pgpgm.gp.kernels import KERNELS, Kernel
 
 HYPER = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 0.4, 2.0]}
 USER = Kernel.from_expression("rq", "variance*(1 + (a-b)**2/(2*al*l**2))**(-al)", ["variance", "l", "al"])

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import linalg, optimize
 
-from .errors import DataError
+from ..errors import DataError
 from .kernels import Kernel, get_kernel
 
 
 def _check_series(t, y) -> tuple[np.ndarray, np.ndarray]:
-    from .ode import check_times
+    from ..data import check_times
 
     t = check_times(t, min_points=3)
     y = np.asarray(y, dtype=float)
@@ -138,7 +138,7 @@ def fit_gp(
     ----------
     t : array (N,), strictly increasing, N >= 3
     y : array (N,), the noisy observations of one state
-    kernel : kernel name or :class:`~pgpgm.kernels.Kernel`
+    kernel : kernel name or :class:`~pgpgm.gp.kernels.Kernel`
     noise_sd : known noise sd (state units); fitted when None
     n_starts : optimiser starts (the first from a default guess, the rest random in the bounds)
     seed : seed of the random starts
@@ -215,7 +215,7 @@ def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6) -> GradientMat
     ``min_jitter`` (relative to the mean prior variance) regularises C; smooth kernels
     on dense grids are otherwise numerically singular.
     """
-    from .ode import check_times
+    from ..data import check_times
 
     t = check_times(t, min_points=3)
     C, dC_da, dC_db, d2C = fit.kernel.cov_grad(t, t, fit.hyper)

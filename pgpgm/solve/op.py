@@ -7,9 +7,9 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from .errors import ODESolveError
-from .ode import ODESolver, SolverOptions
-from .system import ODESystem
+from ..errors import ODESolveError
+from .base import ODESolver, SolverOptions
+from ..ode.system import ODESystem
 
 
 class ODEOp(Op):
@@ -23,7 +23,7 @@ class ODEOp(Op):
     ----------
     system : ODESystem
     times : array (N,)
-    backend : see :class:`~pgpgm.ode.ODESolver`
+    backend : see :class:`~pgpgm.solve.base.ODESolver`
     options : SolverOptions
     on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (a NaN matrix,
         which :func:`pgpgm.build_model` turns into a -inf log-density).

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from ._expr import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, parse_expression
-from .errors import ModelDefinitionError
+from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, parse_expression
+from ..errors import ModelDefinitionError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"t"} | set(ALLOWED_FUNCTIONS) | set(ALLOWED_CONSTANTS)
@@ -196,8 +196,8 @@ class ODESystem:
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
     def kernels(self):
-        """Numba-compiled kernels (see :mod:`pgpgm._codegen`), built on first use."""
-        from ._codegen import compile_kernels
+        """Numba-compiled kernels (see :mod:`pgpgm.ode.codegen`), built on first use."""
+        from .codegen import compile_kernels
 
         return compile_kernels(self)
 

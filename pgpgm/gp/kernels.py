@@ -16,8 +16,8 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from ._expr import parse_expression
-from .errors import DataError
+from ..ode.parse import parse_expression
+from ..errors import DataError
 
 _a, _b = sp.symbols("a b", real=True)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import sympy as sp
 
-from .errors import ModelDefinitionError
+from ..errors import ModelDefinitionError
 
 #: Functions an equation string may call, by name.
 ALLOWED_FUNCTIONS: Mapping[str, sp.Function] = {

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelDefinitionError
+from ..errors import ModelDefinitionError
 from .system import ODESystem
 
 
@@ -70,7 +70,7 @@ class ModelSpec:
 
     def simulate(self, case: str | None = None, *, seed=None, observed=None):
         """The case's simulated data set (:func:`pgpgm.simulate` with its theta, x0, times and noise)."""
-        from .simulate import simulate
+        from ..simulate import simulate
 
         c = self.case(case)
         return simulate(self.system, c.theta, c.x0, c.times, observed=observed or c.observed,

@@ -1,6 +1,6 @@
 """ODE solving: the latent-state solve and its forward sensitivities.
 
-Backends (all integrate the same :class:`~pgpgm.system.ODESystem`):
+Backends (all integrate the same :class:`~pgpgm.ode.system.ODESystem`):
 
 ``"cvode"``
     SUNDIALS CVODE (BDF, dense Newton) called through ctypes with numba-compiled
@@ -14,7 +14,7 @@ Backends (all integrate the same :class:`~pgpgm.system.ODESystem`):
     :func:`scipy.integrate.solve_ivp` (LSODA), the reference implementation.
 
 Sensitivities with respect to q = (theta, x0) come from integrating the augmented
-system ``[x, dx/dq_1, ..., dx/dq_K]`` (see :mod:`pgpgm._codegen`).
+system ``[x, dx/dq_1, ..., dx/dq_K]`` (see :mod:`pgpgm.ode.codegen`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError, ODESolveError
-from .system import ODESystem
+from ..data import check_times
+from ..errors import DataError, ODESolveError
+from ..ode.system import ODESystem
 
 BACKENDS = ("cvode", "sksundae", "scipy")
 
@@ -48,24 +49,9 @@ class SolverOptions:
             raise ValueError(f"tolerances and max_steps must be positive: {self}")
 
 
-def check_times(times, *, min_points: int = 2, name: str = "times") -> np.ndarray:
-    """Validate a time grid: 1-D, finite, strictly increasing. Returns float array (N,)."""
-    t = np.asarray(times, dtype=float)
-    if t.ndim != 1 or t.size < min_points:
-        raise DataError(f"{name} must be a 1-D array of at least {min_points} points, got shape {t.shape}")
-    if not np.all(np.isfinite(t)):
-        raise DataError(f"{name} contain NaN or inf")
-    d = np.diff(t)
-    if np.any(d == 0):
-        raise DataError(f"{name} contain duplicates (at t = {t[1:][d == 0][:3].tolist()})")
-    if np.any(d < 0):
-        raise DataError(f"{name} must be sorted in increasing order")
-    return t
-
-
 def available_backends() -> list[str]:
     """Backends usable on this machine, best first."""
-    from . import _sundials
+    from . import sundials as _sundials
 
     out = []
     if _sundials.library() is not None:
@@ -177,7 +163,7 @@ class _CompiledCvode:
     """CVODE with compiled callbacks, driven through ctypes; one instance per size."""
 
     def __init__(self, system: ODESystem, n: int, aug: bool, opts: SolverOptions):
-        from . import _sundials
+        from . import sundials as _sundials
 
         lib = self._lib = _sundials.library()
         cb = system.kernels.cvode

@@ -31,8 +31,8 @@ from pymc.step_methods.compound import BlockedStep, Competence
 from scipy import optimize
 from tqdm.auto import tqdm
 
-from .density import DensitySetup
-from .errors import PgpgmError
+from ..density import DensitySetup
+from ..errors import PgpgmError
 
 TARGET_ACCEPT = 0.44
 _ADAPT_EVERY = 50

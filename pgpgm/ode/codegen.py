@@ -1,4 +1,4 @@
-"""Compile an :class:`~pgpgm.system.ODESystem` into numba kernels.
+"""Compile an :class:`~pgpgm.ode.system.ODESystem` into numba kernels.
 
 The sympy expressions (f, df/dx, df/dtheta) are common-subexpression-eliminated,
 printed as Python source and compiled with numba. From those, C-callable functions
@@ -130,7 +130,7 @@ def compile_kernels(system: ODESystem) -> CompiledKernels:
 
 
 def _cvode_callbacks(k: CompiledKernels, aug_jac_colmajor) -> CvodeCallbacks | None:
-    from . import _sundials
+    from ..solve import sundials as _sundials
 
     lib = _sundials.library()
     if lib is None:
