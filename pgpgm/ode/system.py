@@ -195,7 +195,7 @@ class ODESystem:
 
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
-    def kernels(self):
+    def compiled(self):
         """Numba-compiled kernels (see :mod:`pgpgm.ode.codegen`), built on first use."""
         from .codegen import compile_kernels
 
@@ -204,7 +204,7 @@ class ODESystem:
     def rhs(self, t: float, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """f(t, x, theta) as a float array of shape (S,)."""
         out = np.empty(self.n_states)
-        self.kernels.rhs(float(t), np.asarray(x, float), np.asarray(theta, float), out)
+        self.compiled.rhs(float(t), np.asarray(x, float), np.asarray(theta, float), out)
         return out
 
     def jacobian(self, t: float, x: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,15 +213,15 @@ class ODESystem:
         jp = np.zeros((self.n_states, self.n_parameters))
         x = np.asarray(x, float)
         theta = np.asarray(theta, float)
-        self.kernels.jac_x(float(t), x, theta, jx)
-        self.kernels.jac_p(float(t), x, theta, jp)
+        self.compiled.jac_x(float(t), x, theta, jx)
+        self.compiled.jac_p(float(t), x, theta, jp)
         return jx, jp
 
     def rhs_on_grid(self, t: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """f evaluated at many time points: ``x`` has shape (N, S); returns (N, S)."""
         x = np.ascontiguousarray(x, float)
         out = np.empty_like(x)
-        self.kernels.rhs_grid(np.asarray(t, float), x, np.asarray(theta, float), out)
+        self.compiled.rhs_grid(np.asarray(t, float), x, np.asarray(theta, float), out)
         return out
 
     def pytensor_rhs(self, t, states: Mapping[str, Any], theta) -> list:

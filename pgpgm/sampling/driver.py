@@ -217,7 +217,7 @@ class GradientMatchingSampler:
         s = self.setup
         N, M = s.obs.values.shape
         # 1. state values, O(N) each, compiled
-        delta = _sweep(s.system.kernels.rhs, s.obs.times, st.X, st.theta, self._obs_idx, 1 if s.latent else 0,
+        delta = _sweep(s.system.compiled.rhs, s.obs.times, st.X, st.theta, self._obs_idx, 1 if s.latent else 0,
                        s.obs.values, self._inv_var, self._Cinv, self._Dt, self._P, self._PDt, self._dtpd,
                        st.w, st.r, st.z, st.F, sx, rng.standard_normal((N, M)),
                        np.log(rng.uniform(size=(N, M))), acc_x)

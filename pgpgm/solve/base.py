@@ -166,7 +166,7 @@ class _CompiledCvode:
         from . import sundials as _sundials
 
         lib = self._lib = _sundials.library()
-        cb = system.kernels.cvode
+        cb = system.compiled.cvode
         self._ctx = ctypes.c_void_p()
         if lib.SUNContext_Create(0, ctypes.byref(self._ctx)) != 0:
             raise ODESolveError("could not create a SUNDIALS context")
@@ -226,7 +226,7 @@ class _SksundaeCvode:
     def __init__(self, system: ODESystem, n: int, aug: bool, opts: SolverOptions):
         from sksundae.cvode import CVODE
 
-        k = system.kernels
+        k = system.compiled
         self._p = np.zeros(max(system.n_parameters, 1))
         f = k.aug_rhs if aug else k.rhs
         p = self._p
@@ -247,7 +247,7 @@ class _SksundaeCvode:
 def _solve_scipy(system: ODESystem, times, theta, y0, aug: bool, opts: SolverOptions) -> np.ndarray:
     from scipy.integrate import solve_ivp
 
-    k = system.kernels
+    k = system.compiled
     p = np.zeros(max(system.n_parameters, 1))
     p[: theta.size] = theta
     f = k.aug_rhs if aug else k.rhs
