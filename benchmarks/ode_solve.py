@@ -14,7 +14,6 @@ from _common import median_time, write
 spec = pgpgm.load_model("lotka-volterra")
 case = spec.case()
 t = case.times
-opts = pgpgm.SolverOptions(rtol=1e-8, atol=1e-8)
 rng = np.random.default_rng(0)
 
 
@@ -35,12 +34,12 @@ gen = thetas()
 ref = median_time(lambda: lsoda(next(gen)), repeat=200)
 rows = [{"backend": "scipy solve_ivp LSODA (Python RHS)", "solve_ms": ref * 1e3, "sensitivities_ms": float("nan"),
          "speed-up vs LSODA": 1.0}]
-for backend in pgpgm.available_backends():
-    solver = pgpgm.ODESolver(spec.system, t, backend=backend, options=opts)
+for cls in pgpgm.available_solvers():
+    solver = pgpgm.Integrator(spec.system, t, cls(rtol=1e-8, atol=1e-8))
     solver.solve(case.theta, case.x0)
     solver.solve_sensitivities(case.theta, case.x0)
     a = median_time(lambda: solver.solve(next(gen), case.x0), repeat=500)
     b = median_time(lambda: solver.solve_sensitivities(next(gen), case.x0), repeat=200)
-    rows.append({"backend": f"pgpgm {backend}", "solve_ms": a * 1e3, "sensitivities_ms": b * 1e3,
+    rows.append({"backend": f"pgpgm {cls.name}", "solve_ms": a * 1e3, "sensitivities_ms": b * 1e3,
                  "speed-up vs LSODA": ref / a})
 write("ode_solve", rows, "## Lotka-Volterra solve, 20 output times on [0, 2], rtol = atol = 1e-8 (median)")

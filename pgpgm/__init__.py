@@ -1,39 +1,57 @@
-"""pgpgm: parameter inference for partially observed nonlinear ODE systems."""
+"""pgpgm: parameter inference for partially observed nonlinear ODE systems.
 
-from .density import DensitySetup, build_model
+The pipeline, in the order of the package layout: ``ode`` (model definition) ->
+``solve`` (ODE solvers, the PyTensor Op) -> ``gp`` (step 1) -> ``density`` (step 2a) ->
+``sampling`` (step 2b) -> ``refine`` (step 3) -> ``pipeline`` (:func:`fit`) -> ``result``.
+"""
+
+from .data import Observations
+from .density import GradientMatchingDensity, build_model, gradient_matching_density
 from .errors import DataError, ModelDefinitionError, ODESolveError, PgpgmError
-from .solve.base import ODESolver, SolverOptions, available_backends
-from .pipeline import fit
-from .result import FitResult, load_result
-from .solve.op import ODEOp
-from .sampling import GradientMatchingSampler, GradientMatchingStep, sample
-from .sensitivity import sensitivity_index
-from .simulate import simulate
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
+from .pipeline import fit
+from .priors import Priors
+from .refine import LeastSquaresProblem, Refinement, refine
+from .result import FitResult, load_result
+from .sampling import GradientMatchingStep, GradientMatchingTarget, sample
+from .sensitivity import sensitivity_index
+from .simulate import simulate
+from .solve import CVODE, LSODA, Integrator, SksundaeCVODE, Solver, available_solvers, default_solver
+from .solve.op import ODEOp
 
 __all__ = [
-    "FitResult",
-    "fit",
-    "load_result",
-    "DensitySetup",
-    "GradientMatchingSampler",
-    "GradientMatchingStep",
-    "build_model",
-    "sample",
+    "CVODE",
+    "LSODA",
+    "DataError",
     "Experiment",
+    "FitResult",
+    "GradientMatchingDensity",
+    "GradientMatchingStep",
+    "GradientMatchingTarget",
+    "Integrator",
+    "LeastSquaresProblem",
+    "ModelDefinitionError",
     "ModelSpec",
     "ODEOp",
+    "ODESolveError",
+    "ODESystem",
+    "Observations",
+    "PgpgmError",
+    "Priors",
+    "Refinement",
+    "SksundaeCVODE",
+    "Solver",
     "available_models",
+    "available_solvers",
+    "build_model",
+    "default_solver",
+    "fit",
+    "gradient_matching_density",
     "load_model",
+    "load_result",
+    "refine",
+    "sample",
     "sensitivity_index",
     "simulate",
-    "DataError",
-    "ModelDefinitionError",
-    "ODESolveError",
-    "ODESolver",
-    "ODESystem",
-    "PgpgmError",
-    "SolverOptions",
-    "available_backends",
 ]

@@ -99,7 +99,8 @@ def _run(a) -> int:
         from .refine import LeastSquaresProblem, refine
 
         idx = spec.system.index_of_states(observed)
-        problem = LeastSquaresProblem(spec.system, case.times, data.y.values, idx, data.noise_sd.values, case.x0)
+        problem = LeastSquaresProblem(pgpgm.Integrator(spec.system, case.times), data.y.values, idx,
+                                      data.noise_sd.values, case.x0)
         start = np.asarray(case.extra["least_squares_bad_start"], float)
         lsq = refine(problem, start, case.prior_bounds)
         extra = [f"least squares alone from {start.tolist()}: theta = {np.round(lsq.theta, 4).tolist()}, "

@@ -15,8 +15,7 @@ import numpy as np
 from scipy import linalg, optimize
 
 from .errors import ODESolveError
-from .solve.base import ODESolver, SolverOptions
-from .ode.system import ODESystem
+from .solve import Integrator
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
 
@@ -44,28 +43,35 @@ class Refinement:
 class LeastSquaresProblem:
     """Scaled residuals of the observed states and their sensitivity Jacobian.
 
+    The unknowns are q = (theta, x0[free_x0]): the parameters (P,) followed by the
+    initial values of the states listed in ``free_x0``.
+
     Parameters
     ----------
-    system : ODESystem
-    times : (N,) observation times
+    integrator : Integrator, the system solved at the observation times (N,)
     y : (N, M) observations of the states ``observed_idx``
-    noise_sd : (M,) residual scales
-    x0 : (S,) initial state at ``times[0]``
-    free_x0 : state indices whose initial values are unknowns too; the vector of
-        unknowns is then q = (theta, x0[free_x0])
+    observed_idx : the M state indices that ``y`` measures
+    noise_sd : (M,) residual scales (state units)
+    x0 : (S,) initial state at ``times[0]``; entries in ``free_x0`` are starting values
+    free_x0 : state indices whose initial values are unknowns too
     """
 
-    def __init__(self, system: ODESystem, times, y, observed_idx, noise_sd, x0, *, free_x0=(),
-                 backend: str = "auto", options: SolverOptions | None = None):
-        self.solver = ODESolver(system, times, backend=backend, options=options)
+    def __init__(self, integrator: Integrator, y, observed_idx, noise_sd, x0, *, free_x0=()):
+        self.integrator = integrator
         self.y = np.asarray(y, float)
         self.idx = list(observed_idx)
         self.sd = np.asarray(noise_sd, float)
         self.x0 = np.asarray(x0, float)
         self.free_x0 = list(free_x0)
-        self.n_theta = system.n_parameters
+        self.n_theta = integrator.system.n_parameters
 
-    def _split(self, q):
+    @property
+    def q0(self) -> np.ndarray:
+        """The free initial values' starting values (len(free_x0),), to append to a theta."""
+        return self.x0[self.free_x0]
+
+    def split(self, q) -> tuple[np.ndarray, np.ndarray]:
+        """(theta (P,), full x0 (S,)) from the unknowns q."""
         q = np.asarray(q, float)
         x0 = self.x0.copy()
         x0[self.free_x0] = q[self.n_theta:]
@@ -74,7 +80,7 @@ class LeastSquaresProblem:
     def residuals(self, q) -> np.ndarray:
         """Scaled residuals, flattened (N*M,), at q = (theta, free initial values)."""
         try:
-            x = self.solver.solve(*self._split(q))
+            x = self.integrator.solve(*self.split(q))
         except ODESolveError:
             return np.full(self.y.size, _FAILED)
         return ((x[:, self.idx] - self.y) / self.sd).ravel()
@@ -82,36 +88,42 @@ class LeastSquaresProblem:
     def jacobian(self, q) -> np.ndarray:
         """d residuals / d q, shape (N*M, P + len(free_x0)), from forward sensitivities."""
         try:
-            _, dth, dx0 = self.solver.solve_sensitivities(*self._split(q))
+            _, dth, dx0 = self.integrator.solve_sensitivities(*self.split(q))
         except ODESolveError:
             return np.zeros((self.y.size, np.size(q)))
         d = np.concatenate([dth, dx0[:, :, self.free_x0]], axis=2)
         return (d[:, self.idx, :] / self.sd[None, :, None]).reshape(self.y.size, -1)
 
-    def cost(self, theta) -> float:
-        r = self.residuals(theta)
+    def cost(self, q) -> float:
+        """1/2 sum of squared scaled residuals at q = (theta, free initial values)."""
+        r = self.residuals(q)
         return 0.5 * float(r @ r)
 
 
-def refine(problem: LeastSquaresProblem, theta0, bounds=None, *, max_nfev: int = 200) -> Refinement:
-    """Minimise the scaled squared error from ``theta0`` (P,) within ``bounds`` ((P, 2) or None);
-    free initial values start at ``problem.x0`` and are unbounded."""
+def refine(problem: LeastSquaresProblem, q0, bounds=None, *, max_nfev: int = 200) -> Refinement:
+    """Minimise the scaled squared error from ``q0`` within ``bounds``.
+
+    ``q0`` is either the full vector of unknowns (theta, free initial values) or theta
+    (P,) alone, in which case the free initial values start at ``problem.x0``. ``bounds``
+    ((P, 2) or None) bound theta; free initial values are unbounded.
+    """
     P = problem.n_theta
-    theta0 = np.concatenate([np.asarray(theta0, float), problem.x0[problem.free_x0]])
-    lo, hi = np.full(theta0.size, -np.inf), np.full(theta0.size, np.inf)
+    q0 = np.asarray(q0, float)
+    q0 = np.concatenate([q0, problem.q0]) if q0.size == P else q0.copy()
+    lo, hi = np.full(q0.size, -np.inf), np.full(q0.size, np.inf)
     if bounds is not None:
         lo[:P], hi[:P] = np.asarray(bounds)[:, 0], np.asarray(bounds)[:, 1]
-        theta0[:P] = np.clip(theta0[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
-    n0 = problem.solver.n_solves
-    res = optimize.least_squares(problem.residuals, theta0, jac=problem.jacobian, bounds=(lo, hi),
+        q0[:P] = np.clip(q0[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
+    n0 = problem.integrator.n_solves
+    res = optimize.least_squares(problem.residuals, q0, jac=problem.jacobian, bounds=(lo, hi),
                                  method="trf", x_scale="jac", max_nfev=max_nfev)
     J = res.jac
-    dof = max(res.fun.size - theta0.size, 1)
+    dof = max(res.fun.size - q0.size, 1)
     s2 = float(res.fun @ res.fun) / dof
     try:
         cov = s2 * linalg.pinvh(J.T @ J)
     except linalg.LinAlgError:
-        cov = np.full((theta0.size, theta0.size), np.nan)
-    theta, x0 = problem._split(res.x)
+        cov = np.full((q0.size, q0.size), np.nan)
+    theta, x0 = problem.split(res.x)
     return Refinement(theta, np.sqrt(np.clip(np.diag(cov)[:P], 0, None)), cov[:P, :P], x0, float(res.cost),
-                      problem.solver.n_solves - n0, bool(res.success), str(res.message))
+                      problem.integrator.n_solves - n0, bool(res.success), str(res.message))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import xarray as xr
 from scipy.integrate import trapezoid
 
-from .solve.base import ODESolver, SolverOptions
+from .solve import Integrator, Solver, default_solver
 from .ode.system import ODESystem
 
 
@@ -18,8 +20,7 @@ def sensitivity_index(
     *,
     n_points: int = 2001,
     method: str = "sensitivity",
-    backend: str = "auto",
-    options: SolverOptions | None = None,
+    solver: Solver | None = None,
 ) -> xr.DataArray:
     """Which parameters can the data of each state pin down?
 
@@ -33,15 +34,15 @@ def sensitivity_index(
     method : ``"sensitivity"`` (forward sensitivity equations) or
         ``"finite-difference"`` (central differences of two solves per parameter,
         step 1e-6 relative); the two are independent routes to the same table.
+    solver : the ODE solver (default: :func:`pgpgm.default_solver` at rtol = atol = 1e-10)
 
     Returns
     -------
     xarray.DataArray, dims (parameter, state)
         S_ij as in METHOD.md (unscaled by theta_j); NaN where ||x_i|| = 0.
     """
-    opts = options or SolverOptions(rtol=1e-10, atol=1e-10)
     t = np.linspace(float(t_span[0]), float(t_span[1]), n_points)
-    solver = ODESolver(system, t, backend=backend, options=opts)
+    solver = Integrator(system, t, solver or replace(default_solver(), rtol=1e-10, atol=1e-10))
     theta = np.asarray(theta, float)
     if method == "sensitivity":
         x, dx_dtheta, _ = solver.solve_sensitivities(theta, x0)

@@ -8,7 +8,7 @@ import numpy as np
 import xarray as xr
 
 from .errors import DataError
-from .solve.base import ODESolver, SolverOptions
+from .solve import Integrator, Solver
 from .ode.system import ODESystem
 
 
@@ -22,8 +22,7 @@ def simulate(
     noise_sd: float | Sequence[float] | None = None,
     snr: float | None = None,
     seed: int | np.random.Generator | None = None,
-    backend: str = "auto",
-    options: SolverOptions | None = None,
+    solver: Solver | None = None,
 ) -> xr.Dataset:
     """Integrate the system and add Gaussian noise to the observed states.
 
@@ -38,6 +37,7 @@ def simulate(
     snr : signal-to-noise ratio instead of ``noise_sd``: per observed state the noise
         variance is mean(signal^2) / snr
     seed : seed or Generator for the noise
+    solver : the ODE solver (default :func:`pgpgm.default_solver`)
 
     Returns
     -------
@@ -50,7 +50,7 @@ def simulate(
     idx = system.index_of_states(observed)
     if (noise_sd is None) == (snr is None):
         raise DataError("give exactly one of noise_sd or snr")
-    truth = ODESolver(system, times, backend=backend, options=options).solve(theta, x0)
+    truth = Integrator(system, times, solver).solve(theta, x0)
     signal = truth[:, idx]
     if snr is not None:
         if not snr > 0:

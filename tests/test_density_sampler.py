@@ -8,8 +8,7 @@ from pymc.model.transform.conditioning import remove_value_transforms
 from scipy import stats
 
 import pgpgm
-from pgpgm import DataError, ODESystem, build_model, sample
-from pgpgm.solve.base import ODESolver
+from pgpgm import DataError, Integrator, ODESystem, build_model, gradient_matching_density, sample
 from pgpgm.refine import LeastSquaresProblem, refine
 from tests.conftest import scipy_reference
 
@@ -33,7 +32,8 @@ def _numpy_logp(setup, theta, xM, bounds):
         X[:, list(setup.latent_idx)] = scipy_reference(system, theta, x0, t)[:, list(setup.latent_idx)]
     F = setup.system.rhs_on_grid(t, X, theta)
     lp = np.sum(-np.log(bounds[:, 1] - bounds[:, 0]))
-    for m, g in enumerate(setup.gm):
+    for m, term in enumerate(setup.terms):
+        g = term.matching
         u = xM[:, m] - g.mean
         lp += -0.5 * u @ np.linalg.solve(g.C, u)
         lp += stats.norm.logpdf(setup.obs.values[:, m], xM[:, m], setup.noise_sd[m]).sum()
@@ -46,9 +46,9 @@ def _numpy_logp(setup, theta, xM, bounds):
 def test_model_logp_matches_numpy_formula(all_models, name, case):
     spec = all_models[name]
     c, ds = _data(spec, case)
-    model = build_model(spec.system, ds, c.observed, kernel=c.kernel, gamma=c.gamma,
-                        priors={p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)})
-    setup = model.pgpgm
+    setup = gradient_matching_density(spec.system, ds, c.observed, kernel=c.kernel, gamma=c.gamma,
+                                      priors={p: tuple(b) for p, b in zip(spec.system.parameters, c.prior_bounds)})
+    model = setup.model()
     logp = remove_value_transforms(model).compile_logp()
     rng = np.random.default_rng(0)
     base = setup.gp_posterior_means()
@@ -78,9 +78,9 @@ def test_model_is_an_ordinary_pymc_model(lv):
 
 def test_failed_latent_solve_gives_minus_inf(lv):
     c, ds = _data(lv, "x1-observed")
-    model = build_model(lv.system, ds, ["x1"], priors=(-1e6, 1e6))
-    logp = remove_value_transforms(model).compile_logp()
-    xM = model.pgpgm.gp_posterior_means()
+    density = gradient_matching_density(lv.system, ds, ["x1"], priors=(-1e6, 1e6))
+    logp = remove_value_transforms(density.model()).compile_logp()
+    xM = density.gp_posterior_means()
     pt_ = {"theta1": 0.0, "theta2": -400.0, "theta3": 0.0, "theta4": 400.0, "x1": xM[:, 0]}
     assert logp(pt_) == -np.inf
 
@@ -88,14 +88,14 @@ def test_failed_latent_solve_gives_minus_inf(lv):
 def test_all_states_observed_is_fgpgm_without_ode(lv, monkeypatch):
     c = lv.case()
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, noise_sd=0.1, seed=2)
-    model = build_model(lv.system, ds, ["x1", "x2"])
-    assert model.pgpgm.op is None and not model.deterministics
+    density = gradient_matching_density(lv.system, ds, ["x1", "x2"])
+    assert density.integrator is None and not density.model().deterministics
 
     def no_solve(*a, **k):
         raise AssertionError("FGPGM must not solve the ODE")
 
-    monkeypatch.setattr(ODESolver, "_run", no_solve)
-    tree = sample(model, draws=200, tune=200, chains=1, progressbar=False)
+    monkeypatch.setattr(Integrator, "_run", no_solve)
+    tree = sample(density, draws=200, tune=200, chains=1, progressbar=False)
     assert tree.posterior["theta1"].shape == (1, 200)
 
 
@@ -104,9 +104,9 @@ def _gaussian_case():
     system = ODESystem.from_equations({"x": "theta"}, ["theta"], name="drift")
     t = np.linspace(0, 2, 8)
     y = 0.5 + 0.8 * t + np.random.default_rng(5).normal(0, 0.1, t.size)
-    model = build_model(system, {"time": t, "x": y}, ["x"], gamma=1.0, noise_sd=0.1, priors=(-50, 50))
-    g, s = model.pgpgm.gm[0], model.pgpgm
-    P = s.grad_precision[0]
+    density = gradient_matching_density(system, {"time": t, "x": y}, ["x"], gamma=1.0, noise_sd=0.1,
+                                        priors=(-50, 50))
+    g, P = density.terms[0].matching, density.terms[0].grad_precision
     one = np.ones(t.size)
     # log p = -1/2 u'C^-1 u - |y - mu - u|^2/(2 s^2) - 1/2 (theta 1 - D u)' P (theta 1 - D u), u = x - mu
     n = t.size
@@ -118,15 +118,15 @@ def _gaussian_case():
     b[:n] = (y - g.mean) / 0.1**2
     cov = np.linalg.inv(Lam)
     mean = cov @ b
-    return model, mean[n], cov[n, n], mean[:n] + g.mean
+    return density, mean[n], cov[n, n], mean[:n] + g.mean
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sampler_matches_known_gaussian_posterior(seed):
-    model, m_theta, v_theta, m_x = _gaussian_case()
+    density, m_theta, v_theta, m_x = _gaussian_case()
     # Started in the bulk so that the test measures the stationary distribution, not
     # the burn-in transient (from theta = 0 the chain needs more than 1000 iterations).
-    tree = sample(model, draws=4000, tune=1000, chains=2, seed=seed, progressbar=False, init=[m_theta + 0.3])
+    tree = sample(density, draws=4000, tune=1000, chains=2, seed=seed, progressbar=False, init=[m_theta + 0.3])
     th = tree.posterior["theta"]
     ess = float(az.ess(tree, var_names=["theta"])["theta"])
     assert ess > 100
@@ -140,9 +140,9 @@ def test_sampler_matches_known_gaussian_posterior(seed):
 
 def test_sampler_is_reproducible_and_reports_acceptance(lv):
     c, ds = _data(lv, "x1-observed")
-    model = build_model(lv.system, ds, ["x1"], priors=(0, 10))
-    a = sample(model, draws=50, tune=50, chains=2, seed=11, progressbar=False)
-    b = sample(model, draws=50, tune=50, chains=2, seed=11, progressbar=False)
+    density = gradient_matching_density(lv.system, ds, ["x1"], priors=(0, 10))
+    a = sample(density, draws=50, tune=50, chains=2, seed=11, progressbar=False)
+    b = sample(density, draws=50, tune=50, chains=2, seed=11, progressbar=False)
     np.testing.assert_array_equal(a.posterior["theta1"].values, b.posterior["theta1"].values)
     assert set(a.sample_stats.data_vars) >= {"lp", "accept_x", "accept_theta"}
     assert 0 < float(a.sample_stats["accept_x"].mean()) < 1
@@ -152,11 +152,11 @@ def test_sampler_is_reproducible_and_reports_acceptance(lv):
 
 def test_lotka_volterra_posterior_near_least_squares_optimum(lv):
     c, ds = _data(lv, "x1-observed")
-    model = build_model(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))
+    density = gradient_matching_density(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))
     # the published budget: 3500 iterations per chain (1500 burn-in)
-    tree = sample(model, draws=2000, tune=1500, chains=2, seed=3, init="prior-median", progressbar=False)
+    tree = sample(density, draws=2000, tune=1500, chains=2, seed=3, init="prior-median", progressbar=False)
     post = np.array([float(tree.posterior[p].mean()) for p in lv.system.parameters])
-    prob = LeastSquaresProblem(lv.system, c.times, ds.y.values, [0], [0.1], c.x0)
+    prob = LeastSquaresProblem(Integrator(lv.system, c.times), ds.y.values, [0], [0.1], c.x0)
     opt = refine(prob, c.theta).theta
     # With x2 latent the gradient-matching posterior has a long ridge (theta1 theta3 and
     # theta2 theta4 trade off; a 20,000-iteration chain has its mean within 7 % of the
@@ -184,20 +184,32 @@ def test_bad_inputs(lv):
         build_model(lv.system, ds, ["x1"], priors={"k": (0, 1)})
 
 
-def test_extra_terms_in_states_are_detected(lv):
+def test_extra_terms_in_states_are_refused_and_terms_on_parameters_honoured(lv):
     c, ds = _data(lv, "x1-observed")
-    model = build_model(lv.system, ds, ["x1"], priors=(0, 10))
+    density = gradient_matching_density(lv.system, ds, ["x1"], priors=(0, 10))
+    model = density.model()
     with model:
         pm.Potential("extra", -0.5 * (model["x1"] ** 2).sum())
-    with pytest.raises(pgpgm.PgpgmError, match="extra terms"):
-        sample(model, draws=5, tune=5, chains=1, progressbar=False)
+    with pytest.raises(pgpgm.PgpgmError, match="terms \\['extra'\\] on the observed states"):
+        pgpgm.GradientMatchingTarget(density, model)
+    # a term on a parameter is part of the target: its log density moves by that term exactly
+    model = density.model()
+    with model:
+        pm.Potential("pin", -0.5 * ((model["theta1"] - 2.0) / 0.01) ** 2)
+    plain, pinned = pgpgm.GradientMatchingTarget(density), pgpgm.GradientMatchingTarget(density, model)
+    X = np.zeros((c.times.size, 2))
+    X[:, 0] = density.gp_posterior_means()[:, 0]
+    q = np.array([2.1, 1.0, 4.0, 1.0])
+    assert pinned.evaluate(q, X)[0] - plain.evaluate(q, X)[0] == pytest.approx(-0.5 * (0.1 / 0.01) ** 2)
+    tree = sample(pinned, draws=300, tune=300, chains=1, seed=0, progressbar=False, init=[2.0, 1.0, 4.0, 1.0])
+    assert abs(float(tree.posterior["theta1"].mean()) - 2.0) < 0.03
 
 
 def test_pymc_step_method_matches_known_gaussian_posterior():
-    model, m_theta, v_theta, m_x = _gaussian_case()
-    with model:
-        tree = pm.sample(draws=3000, tune=1000, chains=2, cores=1, step=pgpgm.GradientMatchingStep(),
-                         initvals=model.pgpgm.initial_point([m_theta + 0.3]), random_seed=4,
+    density, m_theta, v_theta, m_x = _gaussian_case()
+    with density.model():
+        tree = pm.sample(draws=3000, tune=1000, chains=2, cores=1, step=pgpgm.GradientMatchingStep(density=density),
+                         initvals=density.initial_point([m_theta + 0.3]), random_seed=4,
                          progressbar=False, compute_convergence_checks=False)
     th = tree.posterior["theta"]
     ess = float(az.ess(tree, var_names=["theta"])["theta"])

@@ -244,6 +244,9 @@ class ODESystem:
         subs.update({p: theta[i] for i, p in enumerate(ps)})
         return [_to_pytensor(e, subs, pt) for e in self.expressions]
 
+    def __reduce__(self):  # derived kernels (compiled code) are rebuilt, not pickled
+        return (type(self), (self.states, self.parameters, self.expressions, self.name))
+
     def __repr__(self) -> str:
         eqs = ", ".join(f"d{s}/dt = {e}" for s, e in zip(self.states, self.expressions))
         return f"ODESystem({self.name!r}: {eqs}; parameters {list(self.parameters)})"

@@ -1,5 +1,14 @@
-"""Step 2b: sampling the gradient-matching density."""
+"""Step 2b: sampling the gradient-matching density.
 
-from .driver import GradientMatchingSampler, GradientMatchingStep, sample
+``target`` (what a density offers the sampler) -> ``kernel`` (one pure step) ->
+``adapt`` (burn-in proposal scales) -> ``start`` (where chains begin) -> ``driver``
+(chains and the DataTree) -> ``pymc_step`` (the same step inside ``pm.sample``).
+"""
 
-__all__ = ["GradientMatchingSampler", "GradientMatchingStep", "sample"]
+from .driver import sample
+from .kernel import ChainState, StepInfo, StepParams, step
+from .pymc_step import GradientMatchingStep
+from .target import GradientMatchingTarget
+
+__all__ = ["ChainState", "GradientMatchingStep", "GradientMatchingTarget", "StepInfo", "StepParams", "sample",
+           "step"]

@@ -1,103 +1,106 @@
-"""PyTensor Op around the CVODE solve: (theta, x0) -> trajectories, with gradients."""
+"""The ODE solve inside a PyTensor graph: one Op, one solve for values and gradients.
+
+``ODEOp(integrator)(theta, x0)`` is the state matrix (N, S). Its gradient asks for
+``ODEOp(integrator, sensitivities=True)``, whose one augmented solve returns the states
+and their forward sensitivities together; a graph rewrite then lets the plain node
+reuse that node's states, so a log density and its gradient cost one solve (as
+sunode's ``solve_ivp`` returns values and sensitivities from one solve).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.tensor.rewriting.basic import register_canonicalize
 
 from ..errors import ODESolveError
-from .base import ODESolver, SolverOptions
-from ..ode.system import ODESystem
+from .base import Integrator
 
 
 class ODEOp(Op):
-    """Solve the ODE at fixed times inside a PyTensor graph.
-
-    ``op(theta, x0)`` returns a matrix (N, S): the states at ``times`` (x0 is the
-    state at ``times[0]``). The gradient uses forward sensitivities, so the Op works
-    under NUTS and :func:`pytensor.gradient.verify_grad`.
+    """Solve the ODE at the integrator's times inside a PyTensor graph.
 
     Parameters
     ----------
-    system : ODESystem
-    times : array (N,)
-    backend : see :class:`~pgpgm.solve.base.ODESolver`
-    options : SolverOptions
-    on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (a NaN matrix,
-        which :func:`pgpgm.build_model` turns into a -inf log-density).
+    integrator : Integrator (system, output times, solver)
+    sensitivities : also return dx/dtheta (N, S, P) and dx/dx0 (N, S, S)
+    on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (NaN outputs, which
+        :mod:`pgpgm.density` turns into a -inf log density, i.e. a rejected proposal)
+
+    ``op(theta, x0)`` takes theta (P,) and x0 (S,), the state at ``times[0]``, and returns
+    x (N, S) - or the triple (x, dx/dtheta, dx/dx0) with ``sensitivities=True``.
     """
 
-    def __init__(
-        self,
-        system: ODESystem,
-        times,
-        *,
-        backend: str = "auto",
-        options: SolverOptions | None = None,
-        on_failure: str = "raise",
-    ):
+    __props__ = ("integrator", "sensitivities", "on_failure")
+
+    def __init__(self, integrator: Integrator, *, sensitivities: bool = False, on_failure: str = "raise"):
         if on_failure not in ("raise", "nan"):
             raise ValueError("on_failure must be 'raise' or 'nan'")
-        self.solver = ODESolver(system, times, backend=backend, options=options)
-        self.on_failure = on_failure
-        self._sens = _ODESensitivityOp(self.solver, on_failure)
-
-    def make_node(self, theta, x0):
-        theta = pt.as_tensor_variable(theta, dtype="float64")
-        x0 = pt.as_tensor_variable(x0, dtype="float64")
-        return Apply(self, [theta, x0], [pt.dmatrix()])
-
-    def perform(self, node, inputs, outputs):
-        theta, x0 = inputs
-        try:
-            y = self.solver.solve(theta, x0)
-        except ODESolveError:
-            if self.on_failure == "raise":
-                raise
-            y = np.full((self.solver.times.size, self.solver.system.n_states), np.nan)
-        outputs[0][0] = y
-
-    def infer_shape(self, node, shapes):
-        return [(self.solver.times.size, self.solver.system.n_states)]
-
-    def pullback(self, inputs, outputs, cotangents):
-        """Vector-Jacobian product from forward sensitivities: (g . dx/dtheta, g . dx/dx0)."""
-        _, d_theta, d_x0 = self._sens(*inputs)
-        g = cotangents[0]
-        return [pt.tensordot(g, d_theta, axes=[[0, 1], [0, 1]]), pt.tensordot(g, d_x0, axes=[[0, 1], [0, 1]])]
-
-    def __str__(self) -> str:
-        return f"ODEOp({self.solver.system.name}, {self.solver.backend})"
-
-
-class _ODESensitivityOp(Op):
-    """(theta, x0) -> (x (N,S), dx/dtheta (N,S,P), dx/dx0 (N,S,S)); no gradient of its own."""
-
-    def __init__(self, solver: ODESolver, on_failure: str):
-        self.solver = solver
+        self.integrator = integrator
+        self.sensitivities = bool(sensitivities)
         self.on_failure = on_failure
 
     def make_node(self, theta, x0):
         theta = pt.as_tensor_variable(theta, dtype="float64")
         x0 = pt.as_tensor_variable(x0, dtype="float64")
-        return Apply(self, [theta, x0], [pt.dmatrix(), pt.dtensor3(), pt.dtensor3()])
+        outs = [pt.dmatrix()] + ([pt.dtensor3(), pt.dtensor3()] if self.sensitivities else [])
+        return Apply(self, [theta, x0], outs)
 
     def perform(self, node, inputs, outputs):
+        it = self.integrator
         try:
-            res = self.solver.solve_sensitivities(*inputs)
+            res = it.solve_sensitivities(*inputs) if self.sensitivities else (it.solve(*inputs),)
         except ODESolveError:
             if self.on_failure == "raise":
                 raise
-            N, S, P = self.solver.times.size, self.solver.system.n_states, self.solver.system.n_parameters
+            N, S, P = it.times.size, it.system.n_states, it.system.n_parameters
             res = (np.full((N, S), np.nan), np.full((N, S, P), np.nan), np.full((N, S, S), np.nan))
         for o, r in zip(outputs, res):
             o[0] = r
 
+    def infer_shape(self, node, input_shapes):
+        N, S, P = self.integrator.times.size, self.integrator.system.n_states, self.integrator.system.n_parameters
+        return [(N, S), (N, S, P), (N, S, S)][: len(node.outputs)]
+
+    def pullback(self, inputs, outputs, cotangents):
+        """Vector-Jacobian product from the forward sensitivities: (g . dx/dtheta, g . dx/dx0)."""
+        if self.sensitivities:
+            if not all(isinstance(c.type, DisconnectedType) for c in cotangents[1:]):
+                return [grad_not_implemented(self, k, v, "second derivatives of the ODE solution")
+                        for k, v in enumerate(inputs)]
+            d_theta, d_x0 = outputs[1], outputs[2]
+        else:
+            _, d_theta, d_x0 = ODEOp(self.integrator, sensitivities=True, on_failure=self.on_failure)(*inputs)
+        g = cotangents[0]
+        return [pt.tensordot(g, d_theta, axes=[[0, 1], [0, 1]]), pt.tensordot(g, d_x0, axes=[[0, 1], [0, 1]])]
+
+    def __str__(self) -> str:
+        kind = "ODESensitivityOp" if self.sensitivities else "ODEOp"
+        return f"{kind}({self.integrator.system.name}, {self.integrator.solver.name})"
+
+
+@register_canonicalize
+@node_rewriter([ODEOp])
+def share_ode_solve(fgraph, node):
+    """A plain ODE node whose inputs also feed a sensitivity node of the same integrator
+    takes its states from that node: one solve serves the value and the gradient."""
+    op = node.op
+    if op.sensitivities:
+        return None
+    for client, _ in fgraph.clients[node.inputs[0]]:
+        if (client != "output" and isinstance(client.op, ODEOp) and client.op.sensitivities
+                and client.op.integrator is op.integrator and client.op.on_failure == op.on_failure
+                and client.inputs == node.inputs):
+            return [client.outputs[0]]
+    return None
+
 
 def _register_numba_fallback() -> None:
-    """Run the Ops' Python ``perform`` under PyTensor's numba backend without a warning each compile."""
+    """Run the Op's Python ``perform`` under PyTensor's numba backend without a warning each compile."""
     import warnings
 
     try:
@@ -105,13 +108,11 @@ def _register_numba_fallback() -> None:
     except ImportError:  # other PyTensor layouts: the default fallback (with its warning) applies
         return
 
+    @numba_funcify.register(ODEOp)
     def funcify(op, node=None, storage_map=None, **kwargs):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return generate_fallback_impl(op, node, storage_map, **kwargs)
-
-    for cls in (ODEOp, _ODESensitivityOp):
-        numba_funcify.register(cls)(funcify)
 
 
 _register_numba_fallback()

@@ -1,0 +1,188 @@
+"""One iteration of the element-wise Metropolis-within-Gibbs scheme, as a pure step.
+
+``step(rng, state, params, target) -> (state, info)`` (as blackjax writes its kernels):
+
+1. every observed-state value x_k(t_i) in turn gets a Gaussian proposal (sd
+   ``params.state_scale[i, k]``) accepted by the density. The change of the density is
+   computed in O(N) from the maintained vectors of
+   :meth:`pgpgm.density.GradientMatchingDensity.statistics`, in a numba loop;
+2. with latent states, the value at ``times[0]`` of each observed state is the initial
+   value of the solve: it is proposed like a parameter (re-integrating) and accepted by
+   the full model density;
+3. every parameter in turn gets a Gaussian proposal (sd ``params.param_scale[j]``); the
+   latent states are re-integrated and the move accepted by the full model density.
+
+The state is small and immutable; the step copies what it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numba
+import numpy as np
+
+from ..density import SweepStatistics
+from ..errors import PgpgmError
+from .target import GradientMatchingTarget
+
+
+@dataclass(frozen=True)
+class ChainState:
+    """Where a chain is.
+
+    q : (P,) the sampler's parameter coordinates; theta : (P,) the parameters;
+    X : (N, S) every state (observed: sampled; latent: integrated);
+    stats : the maintained vectors at (theta, X); logp : the model log density.
+    """
+
+    q: np.ndarray
+    theta: np.ndarray
+    X: np.ndarray
+    stats: SweepStatistics
+    logp: float
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """Proposal sds: state_scale (N, M) in state units, param_scale (P,) in coordinate units;
+    which observed states (M,) and parameters (P,) the step moves."""
+
+    state_scale: np.ndarray
+    param_scale: np.ndarray
+    move_states: np.ndarray
+    move_params: np.ndarray
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step did: accepted_x (N, M) 0/1 per state value, moved (P,) per parameter."""
+
+    accepted_x: np.ndarray
+    moved: np.ndarray
+
+
+def init(target: GradientMatchingTarget, q0, X0=None) -> ChainState:
+    """The chain state at coordinates q0 (P,) and observed states X0 (N, M) (GP means if None)."""
+    d = target.density
+    X = np.zeros((d.obs.times.size, d.system.n_states))
+    X[:, list(d.observed_idx)] = d.gp_posterior_means() if X0 is None else X0
+    q0 = np.asarray(q0, float)
+    logp, theta, lat = target.evaluate(q0, X)
+    if not np.isfinite(logp):
+        raise PgpgmError(f"the density is not finite at the starting point {q0.tolist()}")
+    if lat is not None:
+        X[:, list(d.latent_idx)] = lat
+    return ChainState(q0, theta, X, d.statistics(theta, X), logp)
+
+
+def anchor(state: ChainState, target: GradientMatchingTarget) -> ChainState:
+    """The same state with its log density evaluated afresh (against round-off of the sweep's sums)."""
+    return replace(state, logp=target.evaluate(state.q, state.X)[0])
+
+
+def step(rng: np.random.Generator, state: ChainState, params: StepParams,
+         target: GradientMatchingTarget) -> tuple[ChainState, StepInfo]:
+    """One Metropolis-within-Gibbs iteration; returns the new state and what moved."""
+    d, a = target.density, target.arrays
+    N, M = d.obs.values.shape
+    X, st = state.X.copy(), state.stats
+    F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
+    accepted = np.zeros((N, M))
+    # 1. state values, O(N) each, compiled
+    delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, params.move_states,
+                   1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
+                   w, r, z, F, params.state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
+                   accepted)
+    q, theta, logp = state.q, state.theta, state.logp + delta
+    stats = SweepStatistics(F, w, r, z)
+    # 2. values at t_0 move the latent states' solve: full density
+    for m in range(M if d.latent else 0):
+        if not params.move_states[m]:
+            continue
+        Xp = X.copy()
+        Xp[0, d.observed_idx[m]] += params.state_scale[0, m] * rng.standard_normal()
+        lp, _, lat = target.evaluate(q, Xp)
+        if np.log(rng.uniform()) < lp - logp:
+            Xp[:, list(d.latent_idx)] = lat
+            X, logp = Xp, lp
+            accepted[0, m] = 1
+            stats = d.statistics(theta, X)
+    # 3. parameters, each with a fresh latent-state solve
+    moved = np.zeros(d.system.n_parameters, dtype=bool)
+    for j in np.flatnonzero(params.move_params):
+        prop = q.copy()
+        prop[j] += params.param_scale[j] * rng.standard_normal()
+        lp, theta_p, lat = target.evaluate(prop, X)
+        if np.log(rng.uniform()) < lp - logp:  # -inf (outside prior, failed solve) rejects
+            q, theta, logp = prop, theta_p, lp
+            if lat is not None:
+                X = X.copy()
+                X[:, list(d.latent_idx)] = lat
+            stats = d.statistics(theta, X)
+            moved[j] = True
+    return ChainState(q, theta, X, stats, logp), StepInfo(accepted, moved)
+
+
+@numba.njit(cache=False)
+def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P, PDt, dtpd, w, r, z, F,
+           scales, normals, log_u, accepted):
+    """One pass of single-element proposals over every observed state value.
+
+    Arrays: X (N,S) states (updated in place); Y (N,M); Cinv, Dt (= D^T), P, PDt
+    (= (P D)^T) are (M,N,N); dtpd (M,N) = diag(D^T P D); w, r, z (M,N) maintained
+    vectors; F (N,S) f at every time; active (M,) which states to update. Returns the
+    total change of the log density; ``accepted`` (N,M) counts acceptances.
+    """
+    N, M = Y.shape
+    S = X.shape[1]
+    fnew = np.empty(S)
+    row = np.empty(S)
+    total = 0.0
+    for m in range(M):
+        if not active[m]:
+            continue
+        k = obs_idx[m]
+        for i in range(i_start, N):
+            delta = scales[i, m] * normals[i, m]
+            xi = X[i, k]
+            xn = xi + delta
+            d = -0.5 * (2.0 * delta * w[m, i] + delta * delta * Cinv[m, i, i])
+            d += -0.5 * inv_var[m] * ((Y[i, m] - xn) ** 2 - (Y[i, m] - xi) ** 2)
+            for s in range(S):
+                row[s] = X[i, s]
+            row[k] = xn
+            rhs(t[i], row, theta, fnew)
+            if not np.all(np.isfinite(fnew)):
+                continue
+            dz = 0.0
+            for n in range(N):
+                dz += Dt[m, i, n] * z[m, n]
+            for m2 in range(M):
+                a = fnew[obs_idx[m2]] - F[i, obs_idx[m2]]
+                if m2 == m:
+                    b = -delta
+                    uz = a * z[m, i] + b * dz
+                    upu = a * a * P[m, i, i] + 2.0 * a * b * PDt[m, i, i] + b * b * dtpd[m, i]
+                else:
+                    uz = a * z[m2, i]
+                    upu = a * a * P[m2, i, i]
+                d += -0.5 * (2.0 * uz + upu)
+            if log_u[i, m] < d:
+                total += d
+                accepted[i, m] += 1
+                X[i, k] = xn
+                for n in range(N):
+                    w[m, n] += delta * Cinv[m, i, n]
+                for m2 in range(M):
+                    a = fnew[obs_idx[m2]] - F[i, obs_idx[m2]]
+                    r[m2, i] += a
+                    for n in range(N):
+                        z[m2, n] += a * P[m2, i, n]
+                    if m2 == m:
+                        for n in range(N):
+                            r[m, n] -= delta * Dt[m, i, n]
+                            z[m, n] -= delta * PDt[m, i, n]
+                for s in range(S):
+                    F[i, s] = fnew[s]
+    return total

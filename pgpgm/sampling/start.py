@@ -1,0 +1,77 @@
+"""Where chains start: the prior's initial point, prior draws, the density's mode, or given values."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pymc as pm
+from scipy import optimize
+
+from ..errors import DataError
+from .target import GradientMatchingTarget
+
+STRATEGIES = ("spread", "prior-median", "prior", "map")
+
+
+def chain_strategy(init, chain: int):
+    """The start of chain number ``chain`` under ``init``: ``"spread"`` starts the first chain at
+    the priors' initial point and every further chain at a prior draw (a multi-start)."""
+    if isinstance(init, str) and init == "spread":
+        return "prior-median" if chain == 0 else "prior"
+    return init
+
+
+class Starts:
+    """Start points for one target (the density mode is computed at most once).
+
+    ``theta(init, rng)`` returns sampler coordinates (P,) for ``init`` in
+    ``"prior-median"`` (the priors' initial point, e.g. Uniform midpoints), ``"prior"``
+    (a random prior draw), ``"map"`` (the density's mode over theta with x_M at the GP
+    means, by Powell's method from the prior median, jittered by 2 %) or P values.
+    """
+
+    def __init__(self, target: GradientMatchingTarget):
+        self.target = target
+        m, names = target.prior_model, target.density.system.parameters
+        ip = m.initial_point()
+        self.median = np.array([float(ip[p]) for p in names])
+        self._mode = cache(self._density_mode)
+
+    def theta(self, init, rng: np.random.Generator) -> np.ndarray:
+        d = self.target.density
+        if isinstance(init, str) and init == "prior-median":
+            return self.median
+        if isinstance(init, str) and init == "prior":
+            draws = pm.draw([self.target.prior_model[p] for p in d.system.parameters], random_seed=rng)
+            return np.array([float(v) for v in draws])
+        if isinstance(init, str) and init == "map":
+            mode = self._mode()
+            jittered = mode * np.exp(0.02 * rng.standard_normal(mode.size))
+            b = d.priors.bounds
+            if b is None:
+                return jittered
+            return np.clip(jittered, b[:, 0] + 1e-9 * np.ptp(b, 1), b[:, 1] - 1e-9 * np.ptp(b, 1))
+        if isinstance(init, str):
+            raise DataError(f"init must be one of {STRATEGIES} or {d.system.n_parameters} values, got {init!r}")
+        theta = np.asarray(init, float)
+        if theta.shape != (d.system.n_parameters,):
+            raise DataError(f"init must be one of {STRATEGIES} or {d.system.n_parameters} values "
+                            f"{list(d.system.parameters)}, got shape {theta.shape}")
+        return theta
+
+    def _density_mode(self) -> np.ndarray:
+        """Maximise the density over theta with x_M at the GP means (Powell, from the prior median).
+        Gradient matching makes this objective smooth, so a local search is a sound start."""
+        d, target = self.target.density, self.target
+        X = np.zeros((d.obs.times.size, d.system.n_states))
+        X[:, list(d.observed_idx)] = d.gp_posterior_means()
+
+        def neg(theta):
+            lp = target.evaluate(theta, X)[0]
+            return -lp if np.isfinite(lp) else 1e300
+
+        b = d.priors.bounds
+        res = optimize.minimize(neg, self.median, method="Powell", bounds=None if b is None else [tuple(r) for r in b],
+                                options={"xtol": 1e-4, "ftol": 1e-8, "maxfev": 4000})
+        return res.x if res.fun < neg(self.median) else self.median

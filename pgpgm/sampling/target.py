@@ -1,0 +1,122 @@
+"""What the element-wise sampler needs of a density: its arrays and one compiled function.
+
+A :class:`GradientMatchingTarget` derives, from one :class:`~pgpgm.density.GradientMatchingDensity`
+and its ``pm.Model`` (the density's own, or one a user extended), the stacked per-state
+matrices of the O(N) state sweep and the model's log density compiled once (returning the
+parameters and the latent states too), as PyMC's Metropolis compiles its ``delta_logp``
+once. Terms a user adds on parameters are honoured; terms on the observed states are
+refused at construction, because the sweep updates the density incrementally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pymc as pm
+from pymc.model.transform.conditioning import remove_value_transforms
+from pytensor.graph.traversal import ancestors
+
+from ..density import GradientMatchingDensity
+from ..errors import PgpgmError
+
+
+@dataclass(frozen=True)
+class SweepArrays:
+    """Stacked per-state matrices of the sweep (M observed states, N times).
+
+    Cinv, Dt (= D^T), P (= (A + gamma I)^-1), PDt (= (P D)^T) : (M, N, N);
+    D : (M, N, N); dtpd : (M, N) diag(D^T P D); inv_var : (M,) 1/sigma^2; mu : (M,);
+    obs_idx : (M,) state indices.
+    """
+
+    Cinv: np.ndarray
+    D: np.ndarray
+    Dt: np.ndarray
+    P: np.ndarray
+    PDt: np.ndarray
+    dtpd: np.ndarray
+    inv_var: np.ndarray
+    mu: np.ndarray
+    obs_idx: np.ndarray
+
+    @classmethod
+    def from_density(cls, d: GradientMatchingDensity) -> SweepArrays:
+        Cinv = np.ascontiguousarray(np.stack([k.matching.C_precision for k in d.terms]))
+        D = np.stack([k.matching.D for k in d.terms])
+        P = np.ascontiguousarray(np.stack([k.grad_precision for k in d.terms]))
+        PD = P @ D
+        return cls(Cinv, D, np.ascontiguousarray(D.transpose(0, 2, 1)), P, np.ascontiguousarray(PD.transpose(0, 2, 1)),
+                   np.einsum("mji,mji->mi", D, PD), 1.0 / d.noise_sd**2, np.array([k.matching.mean for k in d.terms]),
+                   np.array(d.observed_idx, dtype=np.int64))
+
+    def conditional_sd(self) -> np.ndarray:
+        """(N, M) sd of each state value given all others (the sweep's default proposal scale / 1.5)."""
+        prec = np.diagonal(self.Cinv, axis1=1, axis2=2) + self.inv_var[:, None] + self.dtpd
+        return (1.0 / np.sqrt(prec)).T.copy()
+
+
+class GradientMatchingTarget:
+    """The density the element-wise sampler moves on.
+
+    Parameters
+    ----------
+    density : the density description
+    model : its ``pm.Model`` (default ``density.model()``); may carry extra terms on the
+        parameters
+    space : ``"constrained"`` (parameters on their natural scale) or ``"value"`` (PyMC's
+        transformed value variables, as :class:`~pgpgm.sampling.pymc_step.GradientMatchingStep` uses)
+
+    Attributes
+    ----------
+    coordinate_names : (P,) names of the sampler's parameter coordinates in the model point
+    arrays : :class:`SweepArrays`
+    n_logp_evals : full density evaluations so far
+    """
+
+    def __init__(self, density: GradientMatchingDensity, model: pm.Model | None = None, *,
+                 space: str = "constrained"):
+        if space not in ("constrained", "value"):
+            raise ValueError("space must be 'constrained' or 'value'")
+        self.density = density
+        self.model = density.model() if model is None else model
+        _refuse_state_terms(density, self.model)
+        m = remove_value_transforms(self.model) if space == "constrained" else self.model
+        params = [m[p] for p in density.system.parameters]
+        outs = [m.logp(), *m.replace_rvs_by_values(params)]
+        if density.latent:
+            outs += m.replace_rvs_by_values([m[n] for n in density.latent])
+        self.prior_model = m
+        self.coordinate_names = [m.rvs_to_values[v].name for v in params]
+        self._fn = m.compile_fn(outs, point_fn=True)
+        self.arrays = SweepArrays.from_density(density)
+        self.n_logp_evals = 0
+
+    def point(self, q, X) -> dict[str, Any]:
+        """The model point at parameter coordinates q (P,) and states X (N, S)."""
+        d = self.density
+        pt_ = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
+        pt_.update({n: X[:, k].copy() for n, k in zip(d.obs.states, d.observed_idx)})
+        return pt_
+
+    def evaluate(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """Full model log density, parameters (P,) and latent states (N, L) at q (P,) and X (N, S)."""
+        self.n_logp_evals += 1
+        out = self._fn(self.point(q, X))
+        P = self.density.system.n_parameters
+        theta = np.array([float(v) for v in out[1 : P + 1]])
+        lat = np.column_stack(out[P + 1 :]) if self.density.latent else None
+        return float(out[0]), theta, lat
+
+
+def _refuse_state_terms(density: GradientMatchingDensity, model: pm.Model) -> None:
+    """The sweep tracks exactly the density's own terms in the observed states; refuse a model
+    with any other term (potential or random variable) that depends on them."""
+    own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in density.obs.states), *density.obs.states}
+    state_values = {model.rvs_to_values[model[s]] for s in density.obs.states}
+    others = [v for v in (*model.potentials, *model.basic_RVs) if v.name not in own]
+    bad = [v.name for v in others if state_values & set(ancestors([model.logp(vars=[v], jacobian=False)]))]
+    if bad:
+        raise PgpgmError(f"the model has terms {bad} on the observed states, which the element-wise sampler "
+                         "does not track; sample such a model with pm.sample (NUTS)")

@@ -1,0 +1,61 @@
+"""scikit-sundae's own CVODE wrapper, calling the compiled right-hand side from Python.
+
+Slower than :class:`pgpgm.CVODE` (a Python call per right-hand-side evaluation); a fallback
+where the SUNDIALS libraries cannot be bound directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from ..errors import ODESolveError
+from .base import Solver
+
+if TYPE_CHECKING:
+    from ..ode.system import ODESystem
+
+
+@dataclass(frozen=True)
+class SksundaeCVODE(Solver):
+    """CVODE (BDF) through scikit-sundae's wrapper with a Python callback."""
+
+    name: ClassVar[str] = "sksundae"
+
+    @classmethod
+    def available(cls) -> bool:
+        try:
+            import sksundae  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def engine(self, system: ODESystem, size: int, augmented: bool) -> SksundaeEngine:
+        return SksundaeEngine(system, augmented, self)
+
+
+class SksundaeEngine:
+    """scikit-sundae's CVODE object around the compiled (plain or augmented) right-hand side."""
+
+    def __init__(self, system: ODESystem, aug: bool, solver: SksundaeCVODE):
+        from sksundae.cvode import CVODE as _CVODE
+
+        k = system.compiled
+        self._p = np.zeros(max(system.n_parameters, 1))
+        f = k.aug_rhs if aug else k.rhs
+        p = self._p
+
+        def rhsfn(t, y, yp):
+            f(t, y, p, yp)
+
+        self._solver = _CVODE(rhsfn, rtol=solver.rtol, atol=solver.atol, max_num_steps=solver.max_steps,
+                              method="BDF")
+
+    def solve(self, times, theta, y0) -> np.ndarray:
+        self._p[: theta.size] = theta
+        sol = self._solver.solve(times, y0)
+        if not sol.success or sol.y.shape[0] != times.size:
+            raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}")
+        return np.asarray(sol.y)
