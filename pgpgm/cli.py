@@ -23,6 +23,12 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampler (default 0)")
         q.add_argument("--out", type=Path, default=None, help="output folder (default results/<name>)")
         q.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        q.add_argument("--posterior", choices=("nuts", "laplace", "none"), default="nuts",
+                       help="step 4: NUTS on the ODE model from the refined optimum (default), its Laplace "
+                       "approximation, or none")
+        q.add_argument("--posterior-draws", type=int, default=500, help="NUTS draws per chain (default 500)")
+        q.add_argument("--posterior-tune", type=int, default=500, help="NUTS tuning steps per chain (default 500)")
+        q.add_argument("--posterior-chains", type=int, default=4, help="NUTS chains (default 4)")
 
     r = sub.add_parser("run", help="reproduce a published experiment: simulate, fit, write figures and table")
     r.add_argument("model", help="model name (see `pgpgm list`) or a TOML model file")
@@ -62,12 +68,21 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     table = result.parameter_table()
     table.to_csv(out / "parameters.csv")
     result.save(out / "result.nc")
-    lines = [f"# {title}", "", table.to_markdown(floatfmt=".4g") if _has_tabulate() else table.to_string(), "",
+    diag = result.diagnostics.to_dataframe().round(4) if result.diagnostics is not None else None
+    checks = [f"- {k}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
+              for k, v in result.convergence_problems().items()]
+    lines = [f"# {title}", "", _table(table), "",
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
              "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]
+    if diag is not None:
+        lines += ["", "## Convergence", "", *checks, "", _table(diag)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"\nwrote {out}/states.png, parameters.png, parameters.csv, summary.md, result.nc")
+
+
+def _table(df) -> str:
+    return df.to_markdown(floatfmt=".4g") if _has_tabulate() else df.to_string()
 
 
 def _has_tabulate() -> bool:
@@ -92,7 +107,8 @@ def _run(a) -> int:
         data = spec.simulate(case.name, seed=a.seed, observed=observed)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
     result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=spec.priors(case.name),
-                       draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress)
+                       draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress,
+                       **_posterior_options(a))
     out = a.out or Path("results") / f"{spec.system.name}_{case.name}"
     extra = []
     if "least_squares_bad_start" in case.extra:  # the published local-minimum example
@@ -136,10 +152,15 @@ def _fit(a) -> int:
     result = pgpgm.fit(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
                        gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
                        tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
-                       progressbar=not a.no_progress)
+                       progressbar=not a.no_progress, **_posterior_options(a))
     out = a.out or Path("results") / f"{spec.system.name}_fit"
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
     return 0
+
+
+def _posterior_options(a) -> dict:
+    return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
+            "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains}
 
 
 def _sensitivity(a) -> int:

@@ -10,8 +10,10 @@ import xarray as xr
 
 from .data import as_observations
 from .density import fit_gps, gradient_matching_density
-from .errors import ODESolveError
+from .diagnostics import diagnose, warn_if_unconverged
+from .errors import DataError, ODESolveError
 from .ode.system import ODESystem
+from .posterior import build_ode_model, laplace_posterior, sample_posterior
 from .priors import PriorSpec
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
@@ -39,15 +41,30 @@ def fit(
     refine_x0: bool = True,
     true_theta=None,
     solver: Solver | None = None,
+    posterior: str | None = "nuts",
+    posterior_draws: int = 500,
+    posterior_tune: int = 500,
+    posterior_chains: int = 4,
+    nuts_sampler: str = "pymc",
+    cores: int | None = None,
     progressbar: bool = True,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
-    Runs METHOD.md's three steps: GP fit per observed state, ``tune + draws``
+    Runs METHOD.md's three steps - GP fit per observed state, ``tune + draws``
     Metropolis-within-Gibbs iterations per chain on the gradient-matching density
     (chains start apart, see ``init`` of :func:`pgpgm.sample`), least-squares refinement
     from the pooled posterior mean and from each chain's mean, keeping the lowest cost
-    (bounded by the uniform prior bounds when priors are given as bounds).
+    (bounded by the uniform prior bounds when priors are given as bounds) - and a fourth:
+    the posterior of the ODE model itself (:mod:`pgpgm.posterior`), started at the
+    refined optimum.
+
+    ``posterior`` : ``"nuts"`` (default; ``posterior_chains`` chains of ``posterior_tune``
+    + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
+    ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``), ``"laplace"`` (draws from the Gaussian
+    approximation at the refined optimum) or None (the gradient-matching chains are the
+    result's posterior). A :class:`~pgpgm.diagnostics.ConvergenceWarning` names every
+    parameter of the main posterior with R-hat > 1.01, ESS < 400, and any divergences.
 
     Parameters are those of :func:`pgpgm.gradient_matching_density` and :func:`pgpgm.sample`;
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
@@ -81,21 +98,47 @@ def fit(
     ref: Refinement = min(refinements, key=lambda r: r.cost)
     x0_refined = ref.x0
     timings["refinement"] = time.perf_counter() - t2
+
+    if posterior not in ("nuts", "laplace", None):
+        raise DataError(f"posterior must be 'nuts', 'laplace' or None, got {posterior!r}")
+    t = obs.times
+    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), integrator.solver)
+    diagnostics = {"gradient_matching": diagnose(tree, system.parameters)}
+    main, solves_post = tree, 0
+    t3 = time.perf_counter()
+    if posterior == "nuts":
+        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
+                                        noise_center=density.noise_sd, solver=integrator.solver,
+                                        dense_times=dense.times)
+        center, sd = _refined_point(layout, ref, obs, density.noise_sd)
+        main = sample_posterior(model, center, sd, draws=posterior_draws, tune=posterior_tune,
+                                chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
+                                progressbar=progressbar)
+        diagnostics["posterior"] = diagnose(main, layout.free)
+        if "n_steps" in main.sample_stats:
+            solves_post = int(main.sample_stats["n_steps"].sum())
+    elif posterior == "laplace":
+        main = laplace_posterior(dense, ref, draws=posterior_draws * posterior_chains, seed=seed)
+    timings["posterior"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
+    label = "posterior" if posterior == "nuts" else "gradient_matching"
+    if posterior != "laplace":
+        warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else "gradient-matching")
 
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
+    estimates = [("sampled", theta_s), ("refined", ref.theta)]
+    if posterior is not None:
+        estimates.append(("posterior", np.array([float(main.posterior[p].mean()) for p in system.parameters])))
     est = xr.Dataset(
-        {"theta": (("estimate", "parameter"), np.vstack([theta_s, ref.theta])),
+        {"theta": (("estimate", "parameter"), np.vstack([v for _, v in estimates])),
          "stderr": (("parameter",), ref.stderr),
          "covariance": (("parameter", "parameter_"), ref.covariance)},
-        coords={"estimate": ["sampled", "refined"], "parameter": list(system.parameters),
+        coords={"estimate": [k for k, _ in estimates], "parameter": list(system.parameters),
                 "parameter_": list(system.parameters)},
         attrs={"refined_x0": ref.x0.tolist(), "refinement_cost": ref.cost,
                "refinement_costs_per_start": [r.cost for r in refinements], "refinement_success": int(ref.success), "refinement_message": ref.message},
     )
-    t = obs.times
-    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), integrator.solver)
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
         rows.append(_safe_solve(dense, th, x0_))
@@ -114,8 +157,31 @@ def fit(
         coords={"estimate": labels, "time_dense": dense.times, "time": t, "state": list(system.states),
                 "observed": list(obs.states)},
     )
-    solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements)}
-    return FitResult(system, tree, est, traj, timings, solves)
+    solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
+    return FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+
+
+def _refined_point(layout, ref: Refinement, obs, noise_sd) -> tuple[dict[str, float], dict[str, float]]:
+    """The refined optimum by the ODE model's variable names, and a spread for each: the
+    refinement's standard errors (10 % of the value where undetermined), the noise sd for
+    an observed initial value, sigma/sqrt(2N) for a noise sd."""
+    center, sd = {}, {}
+    for p, v, se in zip(layout.parameters, ref.theta, ref.stderr):
+        center[p] = float(v)
+        sd[p] = float(se) if np.isfinite(se) and se > 0 else 0.1 * max(abs(float(v)), 1e-3)
+    idx = [list(layout.states).index(s) for s in obs.states]
+    for name, i, sig in zip(layout.initial, idx, noise_sd):
+        center[name], sd[name] = float(ref.x0[i]), float(sig)
+    for name, sig in zip(layout.noise, noise_sd):
+        center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * obs.times.size)
+    return center, sd
+
+
+def _stack_diagnostics(diagnostics: dict[str, xr.Dataset]) -> xr.Dataset:
+    """One Dataset (sampler, variable) from the per-sampler diagnostics."""
+    parts = [d.expand_dims(sampler=[k]).assign(divergences=("sampler", [d.attrs["divergences"]]))
+             for k, d in diagnostics.items()]
+    return xr.concat(parts, dim="sampler", join="outer", combine_attrs="drop")
 
 
 def _safe_solve(solver: Integrator, theta, x0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Figures of a fit: state trajectories and parameter estimates (matplotlib)."""
+"""Figures of a fit: state trajectories with posterior bands, and parameter estimates (matplotlib)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,44 @@ import numpy as np
 if TYPE_CHECKING:
     from .result import FitResult
 
-_COLORS = {"truth": "black", "sampled": "tab:orange", "refined": "tab:blue"}
+_COLORS = {"truth": "black", "sampled": "tab:orange", "refined": "tab:blue", "posterior": "tab:green"}
+BAND = 0.94  # central probability of the posterior bands
+
+
+def _band(post, name: str):
+    """(times, lower, upper) of the central 94 % band of a state in a posterior group, or None."""
+    if name not in post or post[name].ndim != 3:
+        return None
+    da = post[name]
+    tdim = da.dims[-1]
+    lo, hi = (1 - BAND) / 2, 1 - (1 - BAND) / 2
+    q = da.quantile([lo, hi], dim=("chain", "draw")).values
+    return da[tdim].values, q[0], q[1]
 
 
 def plot_states(result: FitResult, *, figsize_per_state=(4.0, 3.0)):
-    """One panel per state: ground truth (if known), the observations, the sampling step's
-    posterior mean with its 90 % band at the observation times, and the trajectories
-    integrated from the sampled and refined parameters."""
+    """One panel per state: the ground truth (if known), the observations, the trajectories
+    integrated from the sampled, refined and posterior-mean parameters, the 94 % band of the
+    main posterior (every state, latent ones included) and of the gradient-matching chains."""
     import matplotlib.pyplot as plt
 
-    traj, post = result.trajectories, result.posterior.posterior
+    traj = result.trajectories
     states = list(result.system.states)
     fig, axes = plt.subplots(1, len(states), figsize=(figsize_per_state[0] * len(states), figsize_per_state[1]),
                              squeeze=False, layout="constrained")
     t = traj["time"].values
+    gm = result.gradient_matching.posterior if result.gradient_matching is not None else None
+    main = result.posterior.posterior
     for ax, s in zip(axes[0], states):
         for est in traj["estimate"].values:
             style = "--" if est == "truth" else "-"
             ax.plot(traj["time_dense"], traj["x"].sel(estimate=est, state=s), style, color=_COLORS[str(est)],
                     lw=1.5, label=f"{est} trajectory" if est != "truth" else "ground truth")
-        if s in post:
-            q = post[s].quantile([0.05, 0.5, 0.95], dim=("chain", "draw")).values
-            ax.fill_between(t, q[0], q[2], color=_COLORS["sampled"], alpha=0.25, label="sampling 90 %")
+        if gm is not None and gm is not main and (b := _band(gm, s)) is not None:
+            ax.fill_between(b[0], b[1], b[2], color=_COLORS["sampled"], alpha=0.2, label="gradient matching 94 %")
+        if (b := _band(main, s)) is not None:
+            kind = "posterior" if gm is not main else "sampled"
+            ax.fill_between(b[0], b[1], b[2], color=_COLORS[kind], alpha=0.3, label=f"{kind} 94 %")
         if s in traj["observed"].values:
             ax.plot(t, traj["y"].sel(observed=s), "o", ms=3.5, color="tab:red", label="observations")
             ax.set_title(f"{s} (observed)")
@@ -42,24 +58,31 @@ def plot_states(result: FitResult, *, figsize_per_state=(4.0, 3.0)):
 
 
 def plot_parameters(result: FitResult):
-    """Each parameter: its posterior (violin), the sampled and refined (+-2 se) estimates,
-    and the truth when known, relative to the truth (or to the refined value)."""
+    """Each parameter relative to the truth (or to the refined value): the main posterior and
+    the gradient-matching chains (violins), the sampled and posterior means, and the refined
+    estimate with +-2 standard errors."""
     import matplotlib.pyplot as plt
 
     est = result.estimates
     params = list(result.system.parameters)
     ref = est["truth"].values if "truth" in est else est["theta"].sel(estimate="refined").values
     scale = np.where(ref != 0, np.abs(ref), 1.0)
-    fig, ax = plt.subplots(figsize=(1.2 * len(params) + 2, 3.2), layout="constrained")
-    post = result.posterior.posterior
+    fig, ax = plt.subplots(figsize=(1.4 * len(params) + 2, 3.4), layout="constrained")
     x = np.arange(len(params))
-    samples = [post[p].values.ravel() / scale[j] for j, p in enumerate(params)]
-    vp = ax.violinplot(samples, positions=x, showextrema=False)
-    for b in vp["bodies"]:
-        b.set_facecolor(_COLORS["sampled"])
-        b.set_alpha(0.3)
-    ax.plot(x - 0.1, est["theta"].sel(estimate="sampled") / scale, "s", color=_COLORS["sampled"], label="sampled (mean)")
-    ax.errorbar(x + 0.1, est["theta"].sel(estimate="refined") / scale, yerr=2 * est["stderr"] / scale, fmt="o",
+    groups = [("sampled", result.gradient_matching.posterior if result.gradient_matching is not None else None, -0.2)]
+    if "posterior" in est["estimate"].values:
+        groups.append(("posterior", result.posterior.posterior, 0.2))
+    for kind, post, dx in groups:
+        if post is None:
+            continue
+        vp = ax.violinplot([post[p].values.ravel() / scale[j] for j, p in enumerate(params)], positions=x + dx,
+                           widths=0.35, showextrema=False)
+        for b in vp["bodies"]:
+            b.set_facecolor(_COLORS[kind])
+            b.set_alpha(0.3)
+        ax.plot(x + dx, est["theta"].sel(estimate=kind) / scale, "s", color=_COLORS[kind], ms=4,
+                label=f"{'gradient matching' if kind == 'sampled' else 'posterior'} (mean)")
+    ax.errorbar(x, est["theta"].sel(estimate="refined") / scale, yerr=2 * est["stderr"] / scale, fmt="o",
                 color=_COLORS["refined"], label="refined (+-2 se)")
     if "truth" in est:
         ax.axhline(1.0, color="black", ls="--", lw=1, label="truth")

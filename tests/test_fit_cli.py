@@ -49,7 +49,7 @@ def test_fitzhugh_nagumo_local_minimum_is_escaped(fhn):
     lsq_only = refine(prob, c.extra["least_squares_bad_start"], bounds)
     result = pgpgm.fit(fhn.system, ds, ["R"], kernel="matern52", gamma=0.3,
                        priors={p: tuple(b) for p, b in zip(fhn.system.parameters, bounds)},
-                       draws=600, tune=600, seed=0, progressbar=False)
+                       draws=600, tune=600, seed=0, progressbar=False, posterior=None)
     fit_cost = prob.cost(result.theta)
     assert fit_cost < 0.5 * lsq_only.cost  # the published local minimum is far worse
     # ... and the fit reaches the optimum that least squares finds from the truth (up to
@@ -61,22 +61,28 @@ def test_fitzhugh_nagumo_local_minimum_is_escaped(fhn):
 def small_fit(lv):
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
-    return pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False)
+    return pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False, posterior_draws=100,
+                     posterior_tune=100, posterior_chains=2, cores=1)
 
 
 def test_fit_result_contents(small_fit, lv):
     r = small_fit
     tab = r.parameter_table()
-    assert list(tab.columns) == ["true", "sampled", "refined", "refined_stderr"]
+    assert list(tab.columns) == ["true", "sampled", "refined", "refined_stderr", "posterior_mean", "posterior_sd",
+                                 "hdi_3%", "hdi_97%", "r_hat"]
     assert list(tab.index) == list(lv.system.parameters)
     assert r.trajectories["x"].sel(estimate="truth").shape == (400, 2)
     assert r.n_ode_solves["sampling"] > 0 and r.n_ode_solves["refinement"] > 0
-    assert set(r.timings) == {"gp", "sampling", "refinement", "total"} and r.timings["gp"] < r.timings["total"]
+    assert set(r.timings) == {"gp", "sampling", "refinement", "posterior", "total"}
+    assert r.timings["gp"] < r.timings["total"]
     # multi-start refinement: pooled mean + each of the 2 chains' means; the best one is kept
     costs = r.estimates.attrs["refinement_costs_per_start"]
     assert len(costs) == 3 and r.estimates.attrs["refinement_cost"] == min(costs)
     f1, f2 = r.plot_states(), r.plot_parameters()
     assert len(f1.axes) == 2 and len(f2.axes) == 1
+    # the states figure draws the posterior's 94 % band of the latent state x2
+    band = [c for c in f1.axes[1].collections if c.get_label() == "posterior 94 %"]
+    assert len(band) == 1
 
 
 def test_save_load_round_trip(small_fit, tmp_path):
@@ -84,6 +90,9 @@ def test_save_load_round_trip(small_fit, tmp_path):
     back = pgpgm.load_result(p)
     xr.testing.assert_identical(back.estimates, small_fit.estimates)
     xr.testing.assert_identical(back.trajectories, small_fit.trajectories)
+    xr.testing.assert_identical(back.diagnostics, small_fit.diagnostics)
+    np.testing.assert_array_equal(back.gradient_matching.posterior["theta1"].values,
+                                  small_fit.gradient_matching.posterior["theta1"].values)
     np.testing.assert_array_equal(back.posterior.posterior["theta1"].values,
                                   small_fit.posterior.posterior["theta1"].values)
     assert back.system.states == small_fit.system.states
@@ -95,17 +104,20 @@ def test_save_load_round_trip(small_fit, tmp_path):
 def test_cli_run_writes_outputs(tmp_path, capsys):
     out = tmp_path / "lv"
     assert main(["run", "lotka-volterra", "--case", "x2-observed", "--draws", "100", "--tune", "100",
+                 "--posterior-draws", "60", "--posterior-tune", "60", "--posterior-chains", "2",
                  "--out", str(out), "--no-progress"]) == 0
     for f in ("states.png", "parameters.png", "parameters.csv", "summary.md", "result.nc"):
         assert (out / f).stat().st_size > 0
     tab = pd.read_csv(out / "parameters.csv", index_col=0)
     assert list(tab["true"]) == [2.0, 1.0, 4.0, 1.0]
+    summary = (out / "summary.md").read_text()
+    assert "## Convergence" in summary and "- posterior: " in summary and "- gradient_matching: " in summary
 
 
 def test_cli_run_reports_the_local_minimum_example(tmp_path):
     out = tmp_path / "fhn"
     assert main(["run", "fitzhugh-nagumo", "--case", "R-observed", "--draws", "150", "--tune", "150", "--chains", "1",
-                 "--out", str(out), "--no-progress"]) == 0
+                 "--posterior", "none", "--out", str(out), "--no-progress"]) == 0
     line = [ln for ln in (out / "summary.md").read_text().splitlines() if ln.startswith("least squares alone")]
     assert len(line) == 1
     lsq_cost, fit_cost = (float(v) for v in re.findall(r"cost ([0-9.]+)", line[0]))
@@ -121,7 +133,8 @@ def test_cli_fit_user_model(tmp_path):
     pd.DataFrame({"time": t, "state": "b", "value": ds.y.values[:, 0]}).to_csv(tmp_path / "d.csv", index=False)
     out = tmp_path / "out"
     assert main(["fit", "--model", str(model), "--data", str(tmp_path / "d.csv"), "--observe", "b",
-                 "--x0", "a=2.0", "--bounds", "0", "5", "--draws", "300", "--tune", "300", "--out", str(out),
+                 "--x0", "a=2.0", "--bounds", "0", "5", "--draws", "300", "--tune", "300", "--posterior", "laplace",
+                 "--out", str(out),
                  "--no-progress"]) == 0
     tab = pd.read_csv(out / "parameters.csv", index_col=0)
     np.testing.assert_allclose(tab["refined"].values, [0.8, 0.3], rtol=0.15)
