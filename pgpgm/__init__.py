@@ -11,6 +11,7 @@ from .sensitivity import sensitivity_index
 from .simulate import simulate
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
+from .versions import show_versions
 
 __all__ = [
     "FitResult",
@@ -36,4 +37,5 @@ __all__ = [
     "PgpgmError",
     "SolverOptions",
     "available_backends",
+    "show_versions",
 ]

@@ -15,3 +15,7 @@ class DataError(PgpgmError, ValueError):
 
 class ODESolveError(PgpgmError, RuntimeError):
     """A numerical ODE solve failed (solver error flag, too many steps, non-finite state)."""
+
+
+class BackendWarning(UserWarning):
+    """pgpgm uses a slower ODE backend than the compiled CVODE one (``pgpgm info`` says why)."""

@@ -27,6 +27,7 @@ import numpy as np
 from ..data import check_times
 from ..errors import DataError, ODESolveError
 from ..ode.system import ODESystem
+from . import sundials as _sundials
 
 BACKENDS = ("cvode", "sksundae", "scipy")
 
@@ -88,6 +89,7 @@ class ODESolver:
         self.options = options or SolverOptions()
         if backend == "auto":
             backend = available_backends()[0]
+            _sundials.warn_fallback(backend)  # once per process; nothing when CVODE is usable
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS} or 'auto'")
         if backend not in available_backends():
