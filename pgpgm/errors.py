@@ -19,3 +19,8 @@ class ODESolveError(PgpgmError, RuntimeError):
 
 class BackendWarning(UserWarning):
     """pgpgm uses a slower ODE backend than the compiled CVODE one (``pgpgm info`` says why)."""
+
+
+class ResultFileError(PgpgmError, OSError):
+    """A result file cannot be written or read: missing, truncated, damaged (its checksum does
+    not match) or not written by :meth:`pgpgm.FitResult.save`."""
