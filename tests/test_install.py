@@ -27,7 +27,7 @@ from pgpgm.solve.base import ODESolver, available_backends
 from pgpgm.versions import OPTIONAL_MODULES, version_info
 
 PACKAGE = Path(pgpgm.__file__).resolve().parent
-SOURCES = sorted(PACKAGE.rglob("*.py"))
+SOURCES = sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "models").glob("*.py")])  # pgpgm, pgpgm.models
 PYPROJECT = PACKAGE.parent / "pyproject.toml"
 
 
