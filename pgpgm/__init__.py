@@ -19,6 +19,7 @@ from .sensitivity import sensitivity_index
 from .simulate import simulate
 from .solve import CVODE, LSODA, Integrator, SksundaeCVODE, Solver, available_solvers, default_solver
 from .solve.op import ODEOp
+from .versions import show_versions
 
 __all__ = [
     "CVODE",
@@ -53,5 +54,6 @@ __all__ = [
     "refine",
     "sample",
     "sensitivity_index",
+    "show_versions",
     "simulate",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``pgpgm run | fit | sensitivity | list``."""
+"""Command line: ``pgpgm run | fit | sensitivity | list | info``."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
 
     sub.add_parser("list", help="list the shipped models and their cases")
+    sub.add_parser("info", help="print versions, the SUNDIALS library, the ODE backend a fit will use and the "
+                   "cache folders (paste into bug reports)")
     return p
 
 
@@ -189,12 +191,19 @@ def _list(a) -> int:
     return 0
 
 
+def _info(a) -> int:
+    from .versions import show_versions
+
+    show_versions()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     from .errors import PgpgmError
 
     try:
-        return {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list}[a.command](a)
+        return {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list, "info": _info}[a.command](a)
     except (PgpgmError, KeyError, FileNotFoundError) as exc:
         print(f"pgpgm: error: {exc}", file=sys.stderr)
         return 2

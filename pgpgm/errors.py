@@ -15,3 +15,12 @@ class DataError(PgpgmError, ValueError):
 
 class ODESolveError(PgpgmError, RuntimeError):
     """A numerical ODE solve failed (solver error flag, too many steps, non-finite state)."""
+
+
+class BackendWarning(UserWarning):
+    """pgpgm uses a slower ODE backend than the compiled CVODE one (``pgpgm info`` says why)."""
+
+
+class ResultFileError(PgpgmError, OSError):
+    """A result file cannot be written or read: missing, truncated, damaged (its checksum does
+    not match) or not written by :meth:`pgpgm.FitResult.save`."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5netcdf
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from .errors import ResultFileError
 from .ode.system import ODESystem
 
 
@@ -107,41 +112,210 @@ class FitResult:
         return plot_parameters(self, **kwargs)
 
     def save(self, path: str | Path) -> Path:
-        """Write the result to one NetCDF file (groups: the DataTree's, plus estimates and trajectories)."""
+        """Write the result to one NetCDF (HDF5) file, atomically and with a checksum.
+
+        The file holds the posterior DataTree's groups plus ``pgpgm_estimates`` and
+        ``pgpgm_trajectories``, the system, timings and solve counts as attributes, and a
+        SHA-256 digest of all of it (attribute ``pgpgm_sha256``) that :func:`load_result`
+        checks. It is written to a hidden temporary file in the same folder, flushed to
+        disk, verified, and then renamed over ``path``: an interrupted save leaves an
+        earlier file at ``path`` intact (and, at worst, a ``.<name>.<random>.tmp`` file
+        behind). The new file gets the default permissions, not those of a file it
+        replaces.
+
+        Returns
+        -------
+        pathlib.Path : ``path``
+
+        Raises
+        ------
+        ResultFileError : ``path`` is a folder or its folder does not exist.
+        """
         path = Path(path)
-        tree = self.posterior.copy()
-        if self.gradient_matching is not None and self.gradient_matching is not self.posterior:
-            tree["pgpgm_gradient_matching"] = self.gradient_matching.copy()
-        if self.diagnostics is not None:
-            tree["pgpgm_diagnostics"] = xr.DataTree(self.diagnostics)
-        tree["pgpgm_estimates"] = xr.DataTree(self.estimates)
-        tree["pgpgm_trajectories"] = xr.DataTree(self.trajectories)
-        tree.attrs["pgpgm_system"] = json.dumps({
-            "name": self.system.name, "parameters": list(self.system.parameters),
-            "equations": {s: str(e) for s, e in zip(self.system.states, self.system.expressions)},
-        })
-        tree.attrs["pgpgm_timings"] = json.dumps(dict(self.timings))
-        tree.attrs["pgpgm_n_ode_solves"] = json.dumps(dict(self.n_ode_solves))
-        tree.to_netcdf(path, engine="h5netcdf")
+        if path.is_dir():
+            raise ResultFileError(f"cannot save the result to {path}: it is a folder; give a file name such as "
+                                  f"{path / 'result.nc'}")
+        if not path.parent.is_dir():
+            raise ResultFileError(f"cannot save the result to {path}: the folder {path.parent} does not exist; "
+                                  "create it first")
+        tree = _to_tree(self)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            tree.to_netcdf(tmp, engine="h5netcdf")
+            with h5netcdf.File(tmp, "a") as f:
+                f.attrs[CHECKSUM_ATTR] = _digest(f)
+            try:
+                _verify(tmp)
+            except ResultFileError as exc:
+                raise ResultFileError(f"saving the result to {path} failed: the written file does not verify "
+                                      f"({exc}); any earlier file at {path} is untouched") from exc
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_folder(path.parent)
         return path
 
 
-def load_result(path: str | Path) -> FitResult:
-    """Read a result written by :meth:`FitResult.save`."""
-    tree = xr.open_datatree(path, engine="h5netcdf").load()
-    sysd = json.loads(tree.attrs["pgpgm_system"])
-    eqs = {s: e.replace("Abs(", "abs(") for s, e in sysd["equations"].items()}
-    system = ODESystem.from_equations(eqs, sysd["parameters"], name=sysd["name"])
+CHECKSUM_ATTR = "pgpgm_sha256"
+_GROUPS = ("pgpgm_estimates", "pgpgm_trajectories")
+
+
+def _encode_system(system: ODESystem) -> str:
+    """The system as the text stored in a result file (read back by :func:`_decode_system`)."""
+    return json.dumps({"name": system.name, "parameters": list(system.parameters),
+                       "equations": {s: str(e) for s, e in zip(system.states, system.expressions)}})
+
+
+def _decode_system(text: str) -> ODESystem:
+    """The system stored by :func:`_encode_system`."""
+    d = json.loads(text)
+    eqs = {s: e.replace("Abs(", "abs(") for s, e in d["equations"].items()}
+    return ODESystem.from_equations(eqs, d["parameters"], name=d["name"])
+
+
+def _to_tree(result: FitResult) -> xr.DataTree:
+    tree = result.posterior.copy()
+    if result.gradient_matching is not None and result.gradient_matching is not result.posterior:
+        tree["pgpgm_gradient_matching"] = result.gradient_matching.copy()
+    if result.diagnostics is not None:
+        tree["pgpgm_diagnostics"] = xr.DataTree(result.diagnostics)
+    tree["pgpgm_estimates"] = xr.DataTree(result.estimates)
+    tree["pgpgm_trajectories"] = xr.DataTree(result.trajectories)
+    tree.attrs["pgpgm_system"] = _encode_system(result.system)
+    tree.attrs["pgpgm_timings"] = json.dumps(dict(result.timings))
+    tree.attrs["pgpgm_n_ode_solves"] = json.dumps(dict(result.n_ode_solves))
+    return tree
+
+
+def _plain(value):
+    """An attribute or array element as a JSON-able Python value (bytes decoded)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()] if value.dtype.kind in "OSU" else value.tolist()
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="surrogateescape")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _digest(f: h5netcdf.File) -> str:
+    """SHA-256 of everything stored in an open file: groups, dimensions, attributes and every
+    variable's name, dimensions, type, shape and values (the checksum attribute excepted)."""
+    h = hashlib.sha256()
+
+    def add(tag: str, value) -> None:
+        data = value if isinstance(value, bytes) else json.dumps(_plain(value), sort_keys=True).encode()
+        h.update(tag.encode() + len(data).to_bytes(8, "little") + data)
+
+    def walk(group) -> None:
+        add("group", group.name)
+        add("dimensions", {k: len(v) for k, v in group.dimensions.items()})
+        add("attrs", {k: v for k, v in group.attrs.items() if k != CHECKSUM_ATTR})
+        for name in sorted(group.variables):
+            var = group.variables[name]
+            values = np.asarray(var[...])
+            add("variable", [name, list(var.dimensions), list(values.shape), dict(var.attrs)])
+            if values.dtype.kind in "OSU":  # strings: by value, whatever their storage type
+                add("strings", values.reshape(-1))
+            else:
+                add(values.dtype.str, np.ascontiguousarray(values).tobytes())
+        for name in sorted(group.groups):
+            walk(group.groups[name])
+
+    walk(f)
+    return h.hexdigest()
+
+
+def _verify(path: Path, *, require_checksum: bool = True) -> None:
+    """Raise :class:`ResultFileError` unless ``path`` is a readable result file whose content
+    matches its stored checksum."""
+    name = path
+    try:
+        with h5netcdf.File(path, "r") as f:
+            stored = f.attrs.get(CHECKSUM_ATTR)
+            missing = [g for g in _GROUPS if g not in f.groups]
+            actual = _digest(f) if stored is not None else None
+    except Exception as exc:  # any failure to read the HDF5 structure means a damaged file
+        raise ResultFileError(f"the result file {name} is damaged or truncated: it cannot be read as HDF5/NetCDF "
+                              f"({type(exc).__name__}: {exc}); save the result again or restore a copy") from exc
+    if missing:
+        raise ResultFileError(f"{name} is not a pgpgm result file: it lacks the group(s) {missing} that "
+                              "FitResult.save writes")
+    if stored is None:
+        if require_checksum:
+            raise ResultFileError(f"the result file {name} has no checksum ({CHECKSUM_ATTR}), so it cannot be "
+                                  "verified (it was written by an older pgpgm); load it unverified with "
+                                  "load_result(path, verify=False)")
+        return
+    if _plain(stored) != actual:
+        raise ResultFileError(f"the result file {name} is damaged: its content does not match the checksum "
+                              f"written when it was saved (stored {_plain(stored)[:12]}..., now "
+                              f"{actual[:12]}...); save the result again or restore a copy")
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_result(path: str | Path, *, verify: bool = True) -> FitResult:
+    """Read a result written by :meth:`FitResult.save`.
+
+    The file is checked against its stored checksum first, and closed before this returns
+    (saving back to the same path works).
+
+    Parameters
+    ----------
+    path : str or Path
+    verify : bool
+        With False, a file without a checksum (from an older pgpgm) is read unverified; a
+        file with a checksum is always checked.
+
+    Raises
+    ------
+    ResultFileError : the file does not exist, is not a pgpgm result file, is truncated or
+        damaged (its content does not match its checksum), or has no checksum and ``verify``
+        is True.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ResultFileError(f"no result file at {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    _verify(path, require_checksum=verify)
+    try:
+        with xr.open_datatree(path, engine="h5netcdf") as opened:
+            tree = opened.load()
+        system = _decode_system(tree.attrs["pgpgm_system"])
+        timings = json.loads(tree.attrs["pgpgm_timings"])
+        n_ode_solves = json.loads(tree.attrs["pgpgm_n_ode_solves"])
+    except (KeyError, ValueError, OSError) as exc:
+        raise ResultFileError(f"{path} is not a readable pgpgm result file ({type(exc).__name__}: {exc})") from exc
     estimates = tree["pgpgm_estimates"].to_dataset()
     trajectories = tree["pgpgm_trajectories"].to_dataset()
     post = tree.copy()
     extra = {g: post[g] for g in ("pgpgm_gradient_matching", "pgpgm_diagnostics") if g in post.children}
-    for g in ("pgpgm_estimates", "pgpgm_trajectories", *extra):
+    for g in (*_GROUPS, *extra):
         del post[g]
+    for key in (CHECKSUM_ATTR, "pgpgm_system", "pgpgm_timings", "pgpgm_n_ode_solves"):
+        post.attrs.pop(key, None)
     gm = extra["pgpgm_gradient_matching"].copy() if "pgpgm_gradient_matching" in extra else post
     diag = extra["pgpgm_diagnostics"].to_dataset() if "pgpgm_diagnostics" in extra else None
-    return FitResult(system, post, estimates, trajectories, json.loads(tree.attrs["pgpgm_timings"]),
-                     json.loads(tree.attrs["pgpgm_n_ode_solves"]), gm, diag)
+    return FitResult(system, post, estimates, trajectories, timings, n_ode_solves, gm, diag)
 
 
 def _one_sampler(diag: xr.Dataset, sampler: str) -> xr.Dataset:

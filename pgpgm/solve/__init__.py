@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import sundials
 from .base import Integrator, Solver
 from .cvode import CVODE
 from .lsoda import LSODA
@@ -17,8 +18,11 @@ def available_solvers() -> list[type[Solver]]:
 
 
 def default_solver() -> Solver:
-    """The fastest available solver with default tolerances (:class:`CVODE` where SUNDIALS loads)."""
-    return available_solvers()[0]()
+    """The fastest available solver with default tolerances (:class:`CVODE` where SUNDIALS loads;
+    otherwise a :class:`~pgpgm.errors.BackendWarning`, once per process, names the fallback and why)."""
+    solver = available_solvers()[0]()
+    sundials.warn_fallback(solver.name)  # nothing when CVODE is usable
+    return solver
 
 
 __all__ = ["CVODE", "LSODA", "SOLVERS", "Integrator", "SksundaeCVODE", "Solver", "available_solvers",
