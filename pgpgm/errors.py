@@ -15,3 +15,7 @@ class DataError(PgpgmError, ValueError):
 
 class ODESolveError(PgpgmError, RuntimeError):
     """A numerical ODE solve failed (solver error flag, too many steps, non-finite state)."""
+
+
+class IdentifiabilityWarning(UserWarning):
+    """The data do not determine some unknowns (a rank-deficient Jacobian, an unbounded likelihood)."""
