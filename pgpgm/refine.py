@@ -252,6 +252,7 @@ def refine(
     max_rounds: int = 50,
     noise_rtol: float = 1e-7,
     rcond: float | None = None,
+    warn: bool = True,
 ) -> Refinement:
     """Maximise the Gaussian likelihood of the observations from ``q0`` within ``bounds``.
 
@@ -278,6 +279,9 @@ def refine(
         the cost along the best-determined direction; and the sensitivities carry
         relative errors of the order of the solver's tolerance, which by Weyl's
         inequality move each singular value by up to that times s_max.
+    warn : emit the IdentifiabilityWarnings described below (the same facts are in the
+        result's ``undetermined``, ``success`` and ``message`` either way; a multi-start
+        caller may switch them off and warn once for the refinement it keeps).
 
     Returns
     -------
@@ -307,7 +311,8 @@ def refine(
 
     Raises
     ------
-    DataError : for ``q0``, ``bounds`` or ``estimate_noise`` of the wrong shape.
+    DataError : for ``q0``, ``bounds`` or ``estimate_noise`` of the wrong shape, or
+        non-positive ``max_rounds``, ``max_nfev`` or ``noise_rtol``.
     """
     P, names = problem.n_theta, problem.q_names
     Q, M = len(names), len(problem.observed_idx)
@@ -327,6 +332,9 @@ def refine(
         if np.ndim(estimate_noise) == 0 or np.size(estimate_noise) == M else None
     if estimated is None:
         raise DataError(f"estimate_noise must be a bool or {M} bools (one per observed state), got {estimate_noise!r}")
+    if not (max_rounds >= 1 and noise_rtol > 0 and max_nfev >= 1):
+        raise DataError(f"max_rounds, max_nfev and noise_rtol must be positive, got {max_rounds}, {max_nfev}, "
+                        f"{noise_rtol}")
     if rcond is None:
         rcond = max(float(np.sqrt(np.finfo(float).eps)), 10 * problem.integrator.solver.rtol)
 
@@ -369,9 +377,10 @@ def refine(
             states = [problem.integrator.system.states[problem.observed_idx[k]] for k in np.flatnonzero(at_floor)]
             success = False
             message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
-            warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their noise sd "
-                          f"is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x the start); "
-                          "give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
+            if warn:
+                warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
+                              f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
+                              "the start); give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
 
     final = problem.with_noise_sd(sd)
     try:
@@ -380,7 +389,7 @@ def refine(
         return _failed(problem, q, sd, estimated, n0, f"the sensitivity solve failed at the end point ({err})",
                        nll=final.nll(q, sd), cost=final.cost(q))
     cov, s, rank, null, undetermined = _covariance(J, names, rcond)
-    if undetermined:
+    if undetermined and warn:
         warnings.warn(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
                       f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
                       "them, or give more data", IdentifiabilityWarning, stacklevel=2)
@@ -404,7 +413,10 @@ def _covariance(J: np.ndarray, names: tuple[str, ...], rcond: float):
     c = np.linalg.norm(J, axis=0)
     live = c > 0
     if live.any():
-        _, s_live, vt = np.linalg.svd(J[:, live] / c[live], full_matrices=True)
+        Js = J[:, live] / c[live]
+        if Js.shape[0] < Js.shape[1]:  # zero rows: a square V without the (n, n) U of full_matrices
+            Js = np.vstack([Js, np.zeros((Js.shape[1] - Js.shape[0], Js.shape[1]))])
+        _, s_live, vt = np.linalg.svd(Js, full_matrices=False)
     else:
         s_live, vt = np.zeros(0), np.zeros((0, 0))
     s = np.zeros(Q)

@@ -1,4 +1,4 @@
-"""Step 3 and the product around it: refinement, fit, save/load, CLI."""
+"""The product around step 3: fit, save/load, CLI (the refinement itself: test_refine.py)."""
 
 import re
 
