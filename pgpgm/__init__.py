@@ -7,7 +7,8 @@ The pipeline, in the order of the package layout: ``ode`` (model definition) ->
 
 from .data import Observations
 from .density import GradientMatchingDensity, build_model, gradient_matching_density
-from .errors import DataError, ModelDefinitionError, ODESolveError, PgpgmError
+from .errors import (BackendWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
+                     ODESolveError, PgpgmError, ResultFileError)
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
 from .pipeline import fit
@@ -22,6 +23,10 @@ from .solve.op import ODEOp
 from .versions import show_versions
 
 __all__ = [
+    "BackendWarning",
+    "ConvergenceWarning",
+    "IdentifiabilityWarning",
+    "ResultFileError",
     "CVODE",
     "LSODA",
     "DataError",

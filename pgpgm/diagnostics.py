@@ -9,12 +9,10 @@ import arviz as az
 import numpy as np
 import xarray as xr
 
+from .errors import ConvergenceWarning
+
 #: The thresholds of a converged posterior (Vehtari et al. 2021).
 RHAT_MAX, ESS_MIN = 1.01, 400
-
-
-class ConvergenceWarning(UserWarning):
-    """A posterior failed a convergence check (R-hat, ESS or divergences)."""
 
 
 def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:

@@ -1,4 +1,4 @@
-"""Exception types raised by pgpgm."""
+"""Exception and warning types of pgpgm."""
 
 
 class PgpgmError(Exception):
@@ -24,3 +24,11 @@ class BackendWarning(UserWarning):
 class ResultFileError(PgpgmError, OSError):
     """A result file cannot be written or read: missing, truncated, damaged (its checksum does
     not match) or not written by :meth:`pgpgm.FitResult.save`."""
+
+
+class IdentifiabilityWarning(UserWarning):
+    """The data do not determine some unknowns (a rank-deficient Jacobian, an unbounded likelihood)."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A posterior failed a convergence check (R-hat > 1.01, ESS < 400 or divergences)."""

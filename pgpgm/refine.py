@@ -1,33 +1,76 @@
-"""Step 3: least-squares refinement  min_theta || (x_M(theta) - y) / sigma ||^2.
+"""Step 3: maximum-likelihood refinement of the parameters, initial values and noise.
 
-x_M(theta) integrates the full ODE from the initial values (latent states: known;
-observed states: started at the sampling step's estimate and, by default, refined
-jointly with theta since they are measured with noise too). The Jacobian comes from the
-forward sensitivities, and the approximate covariance of the estimate is
-s^2 (J^T J)^-1 with s^2 the reduced chi-square of the scaled residuals.
+The model: y[n, k] = x_M(t_n; theta, x0)[observed_idx[k]] + e[n, k], with independent
+Gaussian errors e[n, k] ~ N(0, sd_k^2), one sd per observed state. x_M integrates the
+full ODE from the initial values (latent states: known; observed states: started at the
+sampling step's estimate and, by default, refined jointly with theta since they are
+measured with noise too).
+
+- With known sds this is weighted least squares,
+  min over q = (theta, x0[free_x0]) of 1/2 sum_k RSS_k(q) / sd_k^2, with RSS_k the
+  residual sum of squares of observed state k.
+- With unknown sds (``refine(..., estimate_noise=True)``) the negative log likelihood
+  sum_k [N_k log sd_k + RSS_k / (2 sd_k^2)] + (N_total / 2) log(2 pi)
+  is minimised over (q, sd). For fixed q its minimiser is sd_k^2 = RSS_k(q) / N_k, so
+  the profile NLL is sum_k N_k / 2 log RSS_k(q) + const. :func:`refine` alternates the
+  two exact partial minimisations (weighted least squares in q for fixed sds, then
+  sd_k = sqrt(RSS_k / N_k)); every round lowers the NLL, and the fixed point is a
+  stationary point of the full likelihood (the weighted-least-squares gradient
+  sum_k J_k^T r_k / sd_k^2 equals the profile gradient there).
+
+The Jacobian comes from the forward sensitivities (one augmented solve). The covariance of
+q is the inverse Fisher information computed on unit-norm columns with a rank-revealing
+SVD (see :func:`refine`), so a direction the data do not determine gets an infinite
+standard error and an :class:`~pgpgm.errors.IdentifiabilityWarning`, not a tiny one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import linalg, optimize
+from scipy import optimize
 
-from .errors import ODESolveError
+from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .solve import Integrator
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
+_NULL_COMPONENT = 1e-6  # a unit null-space direction "involves" an unknown above this component
+_SD_FLOOR = 1e-6  # an estimated sd stays above this fraction of its starting value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Refinement:
-    """Result of the least-squares step.
+    """Result of the refinement step.
 
-    theta : (P,) estimate; stderr : (P,) approximate standard errors;
-    covariance : (P, P); x0 : (S,) initial state used (refined entries included);
-    cost : 1/2 sum of squared scaled residuals at the optimum;
-    n_solves : ODE solves used; success, message : from scipy.optimize.least_squares.
+    Attributes
+    ----------
+    theta : (P,) estimate.
+    stderr : (P,) standard errors (``inf`` for a parameter the data do not determine, NaN
+        when the refinement failed).
+    covariance : (P, P) covariance of theta, the theta block of ``q_covariance``.
+    x0 : (S,) initial state used (refined entries included), state units.
+    cost : 1/2 sum of squared residuals scaled by ``noise_sd``. With estimated noise it is
+        N_total / 2 at the optimum whatever the fit: compare refinements by ``nll``.
+    n_solves : ODE solves used (plain and sensitivity solves).
+    success, message : whether the refinement converged, and why it stopped.
+    noise_sd : (M,) observation noise sds used at the optimum (the maximum-likelihood
+        estimates for estimated states, the given values for the others), state units.
+    noise_estimated : (M,) bool, which entries of ``noise_sd`` were estimated.
+    nll : negative Gaussian log likelihood of the data at (q, noise_sd), constants
+        included (``inf`` when the refinement failed at its start).
+    q : (Q,) all unknowns, theta followed by the free initial values.
+    q_names : (Q,) their names: parameter names, then ``"x0[state]"``.
+    q_covariance : (Q, Q) covariance of q. Entries of an undetermined unknown: ``inf`` on
+        the diagonal, NaN elsewhere in its row and column.
+    rank : numerical rank of the column-scaled Jacobian (0 when the refinement failed).
+    singular_values : (Q,) singular values of the Jacobian with unit-norm columns,
+        decreasing (zero-padded when there are fewer residuals than unknowns).
+    null_space : (Q, Q - rank) unit directions in q (q units) that the data do not
+        determine; moving q along them leaves the residuals unchanged to first order.
+    undetermined : names of the unknowns with a component above 1e-6 in ``null_space``.
     """
 
     theta: np.ndarray
@@ -38,8 +81,19 @@ class Refinement:
     n_solves: int
     success: bool
     message: str
+    noise_sd: np.ndarray
+    noise_estimated: np.ndarray
+    nll: float
+    q: np.ndarray
+    q_names: tuple[str, ...]
+    q_covariance: np.ndarray
+    rank: int
+    singular_values: np.ndarray
+    null_space: np.ndarray
+    undetermined: tuple[str, ...]
 
 
+@dataclass(frozen=True, eq=False)
 class LeastSquaresProblem:
     """Scaled residuals of the observed states and their sensitivity Jacobian.
 
@@ -49,81 +103,360 @@ class LeastSquaresProblem:
     Parameters
     ----------
     integrator : Integrator, the system solved at the observation times (N,)
-    y : (N, M) observations of the states ``observed_idx``
-    observed_idx : the M state indices that ``y`` measures
-    noise_sd : (M,) residual scales (state units)
+    y : (N, M) observations of the states ``observed_idx`` (state units); (N,) when M = 1
+    observed_idx : the M distinct state indices that ``y`` measures
+    noise_sd : (M,) or scalar, observation noise sds (state units): the residual scales,
+        and the starting values when :func:`refine` estimates them
     x0 : (S,) initial state at ``times[0]``; entries in ``free_x0`` are starting values
-    free_x0 : state indices whose initial values are unknowns too
+    free_x0 : distinct state indices whose initial values are unknowns too
+
+    Raises
+    ------
+    DataError : for inputs of the wrong shape, non-finite values or non-positive sds.
     """
 
-    def __init__(self, integrator: Integrator, y, observed_idx, noise_sd, x0, *, free_x0=()):
-        self.integrator = integrator
-        self.y = np.asarray(y, float)
-        self.idx = list(observed_idx)
-        self.sd = np.asarray(noise_sd, float)
-        self.x0 = np.asarray(x0, float)
-        self.free_x0 = list(free_x0)
-        self.n_theta = integrator.system.n_parameters
+    integrator: Integrator
+    y: np.ndarray
+    observed_idx: tuple[int, ...]
+    noise_sd: np.ndarray
+    x0: np.ndarray
+    free_x0: tuple[int, ...] = field(default=(), kw_only=True)
+
+    def __post_init__(self):
+        if not isinstance(self.integrator, Integrator):
+            raise DataError(f"integrator must be a pgpgm.Integrator, got {type(self.integrator).__name__}")
+        system = self.integrator.system
+        S, N = system.n_states, self.integrator.times.size
+        idx = _indices(self.observed_idx, S, "observed_idx", system.states)
+        if not idx:
+            raise DataError("observed_idx is empty: give the index of at least one observed state")
+        M = len(idx)
+        y = np.asarray(self.y, dtype=float)
+        if y.ndim == 1 and M == 1:
+            y = y[:, None]
+        if y.shape != (N, M):
+            raise DataError(f"y must have shape (N, M) = ({N}, {M}) (times x observed states), got {y.shape}")
+        if not np.all(np.isfinite(y)):
+            raise DataError("y contains NaN or inf: give a finite value for every time and observed state")
+        sd = np.asarray(self.noise_sd, dtype=float)
+        if sd.ndim > 1 or sd.size not in (1, M):
+            raise DataError(f"noise_sd must be a scalar or have one value per observed state ({M}), got {sd.shape}")
+        sd = np.broadcast_to(sd.reshape(-1), (M,)).copy()
+        if not np.all(np.isfinite(sd) & (sd > 0)):
+            raise DataError(f"noise_sd must be positive and finite, got {sd}")
+        x0 = np.asarray(self.x0, dtype=float).reshape(-1)
+        if x0.shape != (S,) or not np.all(np.isfinite(x0)):
+            raise DataError(f"x0 must hold {S} finite values {list(system.states)}, got {self.x0!r}")
+        free = _indices(self.free_x0, S, "free_x0", system.states)
+        for name, value in (("y", y), ("observed_idx", idx), ("noise_sd", sd), ("x0", x0), ("free_x0", free)):
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    # ------------------------------------------------------------------ unknowns
+    @property
+    def n_theta(self) -> int:
+        """Number of parameters P."""
+        return self.integrator.system.n_parameters
 
     @property
     def q0(self) -> np.ndarray:
         """The free initial values' starting values (len(free_x0),), to append to a theta."""
-        return self.x0[self.free_x0]
+        return self.x0[list(self.free_x0)]
+
+    @property
+    def q_names(self) -> tuple[str, ...]:
+        """Names of the unknowns q: the parameters, then ``"x0[state]"`` for each free initial value."""
+        system = self.integrator.system
+        return tuple(system.parameters) + tuple(f"x0[{system.states[j]}]" for j in self.free_x0)
+
+    @property
+    def n_obs(self) -> np.ndarray:
+        """Number of observations N_k of each observed state (M,)."""
+        return np.full(len(self.observed_idx), self.y.shape[0])
 
     def split(self, q) -> tuple[np.ndarray, np.ndarray]:
-        """(theta (P,), full x0 (S,)) from the unknowns q."""
+        """(theta (P,), full x0 (S,)) from the unknowns q (Q,)."""
         q = np.asarray(q, float)
         x0 = self.x0.copy()
-        x0[self.free_x0] = q[self.n_theta:]
+        x0[list(self.free_x0)] = q[self.n_theta:]
         return q[: self.n_theta], x0
 
+    def with_noise_sd(self, noise_sd) -> LeastSquaresProblem:
+        """The same problem with other residual scales ``noise_sd`` (M,) (shares the integrator)."""
+        return LeastSquaresProblem(self.integrator, self.y, self.observed_idx, noise_sd, self.x0,
+                                   free_x0=self.free_x0)
+
+    # ------------------------------------------------------------------ residuals
+    def raw_residuals(self, q) -> np.ndarray:
+        """Unscaled residuals x_M - y (N, M) at q; raises :class:`ODESolveError` if the solve fails."""
+        x = self.integrator.solve(*self.split(q))
+        return x[:, list(self.observed_idx)] - self.y
+
+    def rss(self, q) -> np.ndarray:
+        """Residual sum of squares of each observed state (M,) at q (state units squared)."""
+        r = self.raw_residuals(q)
+        return np.einsum("nk,nk->k", r, r)
+
     def residuals(self, q) -> np.ndarray:
-        """Scaled residuals, flattened (N*M,), at q = (theta, free initial values)."""
+        """Scaled residuals (x_M - y) / noise_sd, flattened (N*M,), at q.
+
+        A failed solve gives a constant vector of 1e6 (keeps the optimiser away).
+        """
         try:
-            x = self.integrator.solve(*self.split(q))
+            r = self.raw_residuals(q)
         except ODESolveError:
             return np.full(self.y.size, _FAILED)
-        return ((x[:, self.idx] - self.y) / self.sd).ravel()
+        return (r / self.noise_sd).ravel()
 
-    def jacobian(self, q) -> np.ndarray:
-        """d residuals / d q, shape (N*M, P + len(free_x0)), from forward sensitivities."""
+    def jacobian(self, q, *, strict: bool = False) -> np.ndarray:
+        """d residuals / d q, shape (N*M, Q), from forward sensitivities.
+
+        A failed sensitivity solve raises :class:`ODESolveError` if ``strict``, and gives
+        zeros otherwise (what the optimiser is given).
+        """
         try:
             _, dth, dx0 = self.integrator.solve_sensitivities(*self.split(q))
         except ODESolveError:
+            if strict:
+                raise
             return np.zeros((self.y.size, np.size(q)))
-        d = np.concatenate([dth, dx0[:, :, self.free_x0]], axis=2)
-        return (d[:, self.idx, :] / self.sd[None, :, None]).reshape(self.y.size, -1)
+        d = np.concatenate([dth, dx0[:, :, list(self.free_x0)]], axis=2)
+        return (d[:, list(self.observed_idx), :] / self.noise_sd[None, :, None]).reshape(self.y.size, -1)
 
     def cost(self, q) -> float:
         """1/2 sum of squared scaled residuals at q = (theta, free initial values)."""
         r = self.residuals(q)
         return 0.5 * float(r @ r)
 
+    def nll(self, q, noise_sd=None) -> float:
+        """Gaussian negative log likelihood of y at q with sds ``noise_sd`` (M,) (default: the
+        problem's), constants included: sum_k [N_k log sd_k + RSS_k / (2 sd_k^2)] + N/2 log(2 pi).
+        ``inf`` if the solve fails."""
+        sd = self.noise_sd if noise_sd is None else np.broadcast_to(np.asarray(noise_sd, float), self.noise_sd.shape)
+        try:
+            rss = self.rss(q)
+        except ODESolveError:
+            return np.inf
+        n = self.n_obs
+        return float(np.sum(n * np.log(sd) + rss / (2 * sd**2)) + 0.5 * n.sum() * np.log(2 * np.pi))
 
-def refine(problem: LeastSquaresProblem, q0, bounds=None, *, max_nfev: int = 200) -> Refinement:
-    """Minimise the scaled squared error from ``q0`` within ``bounds``.
 
-    ``q0`` is either the full vector of unknowns (theta, free initial values) or theta
-    (P,) alone, in which case the free initial values start at ``problem.x0``. ``bounds``
-    ((P, 2) or None) bound theta; free initial values are unbounded.
+def refine(
+    problem: LeastSquaresProblem,
+    q0,
+    bounds=None,
+    *,
+    max_nfev: int = 200,
+    estimate_noise: bool | Sequence[bool] = False,
+    max_rounds: int = 50,
+    noise_rtol: float = 1e-7,
+    rcond: float | None = None,
+    warn: bool = True,
+) -> Refinement:
+    """Maximise the Gaussian likelihood of the observations from ``q0`` within ``bounds``.
+
+    Parameters
+    ----------
+    problem : LeastSquaresProblem
+    q0 : (Q,) all unknowns (theta, free initial values), or theta (P,) alone, in which
+        case the free initial values start at ``problem.x0``.
+    bounds : (P, 2) lower and upper bounds of theta, or None; free initial values and
+        sds are unbounded.
+    max_nfev : most residual evaluations of each weighted least-squares solve.
+    estimate_noise : False (default): the sds ``problem.noise_sd`` are known and fixed,
+        and the refinement is weighted least squares. True: every observed state's sd
+        is estimated jointly with q by maximum likelihood, ``problem.noise_sd`` being
+        only the start. A sequence of M bools estimates the marked states' sds and keeps
+        the others (known, user-given sds) fixed.
+    max_rounds : most alternations between the least-squares solve and the sd update.
+    noise_rtol : the alternation stops when no estimated sd changes by more than this
+        relative amount in a round.
+    rcond : singular values of the unit-column Jacobian below ``rcond`` times the
+        largest count as zero. Default ``max(sqrt(eps), 10 * solver.rtol)``: along a
+        right singular direction with singular value s the cost changes by s^2 d^2 / 2
+        for a step d, so below sqrt(eps) * s_max the change is below the rounding of
+        the cost along the best-determined direction; and the sensitivities carry
+        relative errors of the order of the solver's tolerance, which by Weyl's
+        inequality move each singular value by up to that times s_max.
+    warn : emit the IdentifiabilityWarnings described below (the same facts are in the
+        result's ``undetermined``, ``success`` and ``message`` either way; a multi-start
+        caller may switch them off and warn once for the refinement it keeps).
+
+    Returns
+    -------
+    Refinement
+        With estimated noise the sds are the maximum-likelihood estimates
+        sd_k = sqrt(RSS_k / N_k) at the optimum, with no degrees-of-freedom correction:
+        they are biased low, E[sd_k^2] ~ sd_k,true^2 (1 - p_k / N_k) with p_k the
+        number of unknowns that state k's fit effectively uses. An estimate is kept above
+        1e-6 times its start; reaching that floor means the state's data are fitted
+        exactly and the likelihood is unbounded: ``success`` is then False and an
+        IdentifiabilityWarning names the state.
+
+        The covariance of q is the inverse Fisher information (J^T J)^-1 of the residuals
+        scaled by the final ``noise_sd`` (the given sds when known, the ML estimates
+        when estimated; no s^2 factor; the uncertainty of estimated sds is not
+        propagated, the Fisher information being block-diagonal between q and the sds).
+        It is computed from the SVD of J with columns scaled to unit norm and inverted on
+        the singular values above ``rcond`` * s_max only. Every unknown with a
+        component above 1e-6 in the remaining null space gets an infinite standard error,
+        and an IdentifiabilityWarning names them.
+
+        If the ODE solve fails at the start, the start is returned with
+        ``success=False``, a message saying so, ``nll = cost = inf`` and NaN standard
+        errors (no exception, so that a multi-start refinement can go on with the other
+        starts). The same holds, with the end point, if the sensitivity solve fails at
+        the optimum.
+
+    Raises
+    ------
+    DataError : for ``q0``, ``bounds`` or ``estimate_noise`` of the wrong shape, or
+        non-positive ``max_rounds``, ``max_nfev`` or ``noise_rtol``.
     """
-    P = problem.n_theta
-    q0 = np.asarray(q0, float)
-    q0 = np.concatenate([q0, problem.q0]) if q0.size == P else q0.copy()
-    lo, hi = np.full(q0.size, -np.inf), np.full(q0.size, np.inf)
+    P, names = problem.n_theta, problem.q_names
+    Q, M = len(names), len(problem.observed_idx)
+    q = np.asarray(q0, float).reshape(-1)
+    if q.size == P and Q > P:
+        q = np.concatenate([q, problem.q0])
+    if q.size != Q or not np.all(np.isfinite(q)):
+        raise DataError(f"q0 must hold {Q} finite values {list(names)} (or the {P} parameters alone), got {q0!r}")
+    lo, hi = np.full(Q, -np.inf), np.full(Q, np.inf)
     if bounds is not None:
-        lo[:P], hi[:P] = np.asarray(bounds)[:, 0], np.asarray(bounds)[:, 1]
-        q0[:P] = np.clip(q0[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
+        b = np.asarray(bounds, float)
+        if b.shape != (P, 2) or np.any(b[:, 0] >= b[:, 1]):
+            raise DataError(f"bounds must be (P, 2) = ({P}, 2) rows (lower, upper) with lower < upper, got {bounds!r}")
+        lo[:P], hi[:P] = b[:, 0], b[:, 1]
+        q[:P] = np.clip(q[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
+    estimated = np.broadcast_to(np.asarray(estimate_noise, dtype=bool), (M,)).copy() \
+        if np.ndim(estimate_noise) == 0 or np.size(estimate_noise) == M else None
+    if estimated is None:
+        raise DataError(f"estimate_noise must be a bool or {M} bools (one per observed state), got {estimate_noise!r}")
+    if not (max_rounds >= 1 and noise_rtol > 0 and max_nfev >= 1):
+        raise DataError(f"max_rounds, max_nfev and noise_rtol must be positive, got {max_rounds}, {max_nfev}, "
+                        f"{noise_rtol}")
+    if rcond is None:
+        rcond = max(float(np.sqrt(np.finfo(float).eps)), 10 * problem.integrator.solver.rtol)
+
     n0 = problem.integrator.n_solves
-    res = optimize.least_squares(problem.residuals, q0, jac=problem.jacobian, bounds=(lo, hi),
-                                 method="trf", x_scale="jac", max_nfev=max_nfev)
-    J = res.jac
-    dof = max(res.fun.size - q0.size, 1)
-    s2 = float(res.fun @ res.fun) / dof
+    sd = problem.noise_sd.copy()
+    floor = _SD_FLOOR * sd
     try:
-        cov = s2 * linalg.pinvh(J.T @ J)
-    except linalg.LinAlgError:
-        cov = np.full((q0.size, q0.size), np.nan)
-    theta, x0 = problem.split(res.x)
-    return Refinement(theta, np.sqrt(np.clip(np.diag(cov)[:P], 0, None)), cov[:P, :P], x0, float(res.cost),
-                      problem.integrator.n_solves - n0, bool(res.success), str(res.message))
+        problem.raw_residuals(q)
+    except ODESolveError as err:
+        return _failed(problem, q, sd, estimated, n0,
+                       f"the ODE solve failed at the start q0 = {dict(zip(names, q.round(6).tolist()))} "
+                       f"({err}); start from other values")
+
+    rounds, converged, messages = 0, not estimated.any(), []
+    while True:
+        current = problem.with_noise_sd(sd)
+        res = optimize.least_squares(current.residuals, q, jac=current.jacobian, bounds=(lo, hi), method="trf",
+                                     x_scale="jac", max_nfev=max_nfev)
+        q = res.x
+        messages.append(str(res.message))
+        if not estimated.any():
+            break
+        rounds += 1
+        new = sd.copy()
+        new[estimated] = np.maximum(np.sqrt(problem.rss(q) / problem.n_obs)[estimated], floor[estimated])
+        change = float(np.max(np.abs(new / sd - 1)))
+        sd = new
+        if change <= noise_rtol:
+            converged = True
+            break
+        if rounds >= max_rounds:
+            break
+    success = bool(res.success) and converged
+    message = messages[-1]
+    if estimated.any():
+        message += (f"; noise sds converged in {rounds} rounds" if converged else
+                    f"; noise sds not converged after {rounds} rounds (last relative change {change:.2g})")
+        at_floor = estimated & (sd <= floor)
+        if at_floor.any():
+            states = [problem.integrator.system.states[problem.observed_idx[k]] for k in np.flatnonzero(at_floor)]
+            success = False
+            message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
+            if warn:
+                warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
+                              f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
+                              "the start); give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
+
+    final = problem.with_noise_sd(sd)
+    try:
+        J = final.jacobian(q, strict=True)
+    except ODESolveError as err:
+        return _failed(problem, q, sd, estimated, n0, f"the sensitivity solve failed at the end point ({err})",
+                       nll=final.nll(q, sd), cost=final.cost(q))
+    cov, s, rank, null, undetermined = _covariance(J, names, rcond)
+    if undetermined and warn:
+        warnings.warn(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
+                      f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
+                      "them, or give more data", IdentifiabilityWarning, stacklevel=2)
+    theta, x0 = problem.split(q)
+    return Refinement(
+        theta=theta, stderr=np.sqrt(np.diag(cov)[:P]), covariance=cov[:P, :P], x0=x0, cost=final.cost(q),
+        n_solves=problem.integrator.n_solves - n0, success=success, message=message, noise_sd=sd,
+        noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
+        singular_values=s, null_space=null, undetermined=undetermined,
+    )
+
+
+def _covariance(J: np.ndarray, names: tuple[str, ...], rcond: float):
+    """(J^T J)^-1 by a rank-revealing SVD on unit-norm columns.
+
+    Returns covariance (Q, Q) (inf/NaN for undetermined unknowns), singular values (Q,) of
+    the scaled J, the rank, a null-space basis in q units (Q, Q - rank) and the names of
+    the undetermined unknowns.
+    """
+    Q = J.shape[1]
+    c = np.linalg.norm(J, axis=0)
+    live = c > 0
+    if live.any():
+        Js = J[:, live] / c[live]
+        if Js.shape[0] < Js.shape[1]:  # zero rows: a square V without the (n, n) U of full_matrices
+            Js = np.vstack([Js, np.zeros((Js.shape[1] - Js.shape[0], Js.shape[1]))])
+        _, s_live, vt = np.linalg.svd(Js, full_matrices=False)
+    else:
+        s_live, vt = np.zeros(0), np.zeros((0, 0))
+    s = np.zeros(Q)
+    s[: s_live.size] = s_live
+    rank = int(np.sum(s_live > rcond * s_live[0])) if s_live.size else 0
+    V = np.zeros((Q, Q))  # right singular vectors in scaled coordinates z = c * q
+    V[np.ix_(live, np.arange(live.sum()))] = vt.T
+    V[~live, live.sum():] = np.eye(Q)[~live][:, ~live]
+    kept, null_z = V[:, :rank], V[:, rank:]
+    cs = np.where(live, c, 1.0)
+    cov = (kept / s[:rank] ** 2) @ kept.T / np.outer(cs, cs)
+    involved = np.linalg.norm(null_z, axis=1) > _NULL_COMPONENT
+    cov[involved, :] = np.nan
+    cov[:, involved] = np.nan
+    cov[involved, involved] = np.inf
+    null = null_z / cs[:, None]
+    null /= np.maximum(np.linalg.norm(null, axis=0), np.finfo(float).tiny)
+    return cov, s, rank, null, tuple(n for n, bad in zip(names, involved) if bad)
+
+
+def _failed(problem: LeastSquaresProblem, q, sd, estimated, n0: int, message: str, *,
+            nll: float = np.inf, cost: float = np.inf) -> Refinement:
+    """A failed refinement at q: NaN standard errors and covariance, rank 0."""
+    P, Q = problem.n_theta, len(problem.q_names)
+    theta, x0 = problem.split(q)
+    return Refinement(
+        theta=theta, stderr=np.full(P, np.nan), covariance=np.full((P, P), np.nan), x0=x0, cost=cost,
+        n_solves=problem.integrator.n_solves - n0, success=False, message=message, noise_sd=sd,
+        noise_estimated=estimated, nll=nll, q=np.asarray(q, float), q_names=problem.q_names,
+        q_covariance=np.full((Q, Q), np.nan), rank=0, singular_values=np.full(Q, np.nan),
+        null_space=np.zeros((Q, 0)), undetermined=(),
+    )
+
+
+def _indices(values, size: int, name: str, states: Sequence[str]) -> tuple[int, ...]:
+    """Distinct state indices in range, as a tuple of int; DataError otherwise."""
+    arr = np.asarray(values).reshape(-1)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise DataError(f"{name} must hold state indices (integers 0..{size - 1} for {list(states)}), got {values!r}")
+    out = tuple(int(i) for i in arr)
+    if any(not 0 <= i < size for i in out) or len(set(out)) != len(out):
+        raise DataError(f"{name} must hold distinct state indices 0..{size - 1} ({list(states)}), got {list(out)}")
+    return out

@@ -1,4 +1,4 @@
-"""Step 3 and the product around it: refinement, fit, save/load, CLI."""
+"""The product around step 3: fit, save/load, CLI (the refinement itself: test_refine.py)."""
 
 import re
 
@@ -10,35 +10,6 @@ import xarray as xr
 import pgpgm
 from pgpgm.cli import main
 from pgpgm.refine import LeastSquaresProblem, refine
-
-
-def test_refinement_from_truth_is_a_stationary_optimum(lv):
-    c = lv.case("x2-observed")
-    ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x2"], noise_sd=0.1, seed=4)
-    prob = LeastSquaresProblem(pgpgm.Integrator(lv.system, c.times), ds.y.values, [1], [0.1], c.x0)
-    res = refine(prob, c.theta, np.array([[0, 10]] * 4))
-    assert res.success and res.cost <= prob.cost(c.theta)
-    # stationary: the gradient J^T r vanishes and no nearby point is better
-    g = prob.jacobian(res.theta).T @ prob.residuals(res.theta)
-    assert np.linalg.norm(g) < 1e-4 * max(1.0, res.cost)
-    rng = np.random.default_rng(0)
-    for _ in range(10):
-        assert prob.cost(res.theta * (1 + 1e-3 * rng.standard_normal(4))) >= res.cost - 1e-9
-    assert np.all(res.stderr > 0) and res.covariance.shape == (4, 4)
-
-
-def test_refinement_jacobian_matches_finite_differences(fhn):
-    c = fhn.case("R-observed")
-    ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["R"], snr=100, seed=0)
-    prob = LeastSquaresProblem(pgpgm.Integrator(fhn.system, c.times), ds.y.values, [1], ds.noise_sd.values, c.x0,
-                              free_x0=[1])
-    q = np.r_[c.theta, c.x0[1]]  # parameters and the observed state's initial value
-    J = prob.jacobian(q)
-    assert J.shape == (100, 4)
-    for k in range(4):
-        e = np.zeros(4); e[k] = 1e-6
-        fd = (prob.residuals(q + e) - prob.residuals(q - e)) / 2e-6
-        np.testing.assert_allclose(J[:, k], fd, rtol=1e-4, atol=1e-4 * np.abs(fd).max())
 
 
 def test_fitzhugh_nagumo_local_minimum_is_escaped(fhn):
