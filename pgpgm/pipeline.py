@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,7 +12,7 @@ import xarray as xr
 from .data import as_observations
 from .density import fit_gps, gradient_matching_density
 from .diagnostics import diagnose, warn_if_unconverged
-from .errors import DataError, ODESolveError
+from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
 from .posterior import build_ode_model, laplace_posterior, sample_posterior
 from .priors import PriorSpec
@@ -94,8 +95,16 @@ def fit(
     # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
     starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
                            for c in post.chain.values] if post.sizes["chain"] > 1 else [])
-    refinements = [refine(problem, th, bounds) for th in starts]
-    ref: Refinement = min(refinements, key=lambda r: r.cost)
+    # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
+    refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
+    usable = [r for r in refinements if np.isfinite(r.nll)]
+    if not usable:
+        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
+    ref: Refinement = min(usable, key=lambda r: r.nll)
+    if ref.undetermined:
+        warnings.warn(f"the data do not determine {', '.join(ref.undetermined)}: their standard errors are infinite; "
+                      "fix or give tighter priors to some of them, or measure more states", IdentifiabilityWarning,
+                      stacklevel=2)
     x0_refined = ref.x0
     timings["refinement"] = time.perf_counter() - t2
 
@@ -110,7 +119,7 @@ def fit(
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=density.noise_sd, solver=integrator.solver,
                                         dense_times=dense.times)
-        center, sd = _refined_point(layout, ref, obs, density.noise_sd)
+        center, sd = _refined_point(layout, ref, obs)
         main = sample_posterior(model, center, sd, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
                                 progressbar=progressbar)
@@ -133,11 +142,15 @@ def fit(
     est = xr.Dataset(
         {"theta": (("estimate", "parameter"), np.vstack([v for _, v in estimates])),
          "stderr": (("parameter",), ref.stderr),
-         "covariance": (("parameter", "parameter_"), ref.covariance)},
+         "covariance": (("parameter", "parameter_"), ref.covariance),
+         "x0": (("state",), ref.x0),
+         "nll_per_start": (("start",), [r.nll for r in refinements])},
         coords={"estimate": [k for k, _ in estimates], "parameter": list(system.parameters),
+                "state": list(system.states),
                 "parameter_": list(system.parameters)},
-        attrs={"refined_x0": ref.x0.tolist(), "refinement_cost": ref.cost,
-               "refinement_costs_per_start": [r.cost for r in refinements], "refinement_success": int(ref.success), "refinement_message": ref.message},
+        attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
+               "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
+               "refinement_success": int(ref.success), "refinement_message": ref.message},
     )
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
@@ -153,7 +166,8 @@ def fit(
     traj = xr.Dataset(
         {"x": (("estimate", "time_dense", "state"), np.stack(rows)),
          "y": (("time", "observed"), obs.values),
-         "noise_sd": (("observed",), density.noise_sd)},
+         "noise_sd": (("observed",), ref.noise_sd),
+         "noise_sd_gp": (("observed",), density.noise_sd)},
         coords={"estimate": labels, "time_dense": dense.times, "time": t, "state": list(system.states),
                 "observed": list(obs.states)},
     )
@@ -161,18 +175,19 @@ def fit(
     return FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
 
 
-def _refined_point(layout, ref: Refinement, obs, noise_sd) -> tuple[dict[str, float], dict[str, float]]:
+def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict[str, float]]:
     """The refined optimum by the ODE model's variable names, and a spread for each: the
-    refinement's standard errors (10 % of the value where undetermined), the noise sd for
-    an observed initial value, sigma/sqrt(2N) for a noise sd."""
+    refinement's standard errors of theta and the free initial values (10 % of the value
+    where undetermined), sigma/sqrt(2N) for a noise sd."""
+    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
     center, sd = {}, {}
-    for p, v, se in zip(layout.parameters, ref.theta, ref.stderr):
-        center[p] = float(v)
-        sd[p] = float(se) if np.isfinite(se) and se > 0 else 0.1 * max(abs(float(v)), 1e-3)
     idx = [list(layout.states).index(s) for s in obs.states]
-    for name, i, sig in zip(layout.initial, idx, noise_sd):
-        center[name], sd[name] = float(ref.x0[i]), float(sig)
-    for name, sig in zip(layout.noise, noise_sd):
+    for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
+                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, obs.states, idx))]:
+        s = se.get(key, np.nan)
+        center[name] = float(v)
+        sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
+    for name, sig in zip(layout.noise, ref.noise_sd):
         center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * obs.times.size)
     return center, sd
 

@@ -29,7 +29,8 @@ class FitResult:
     posterior : ArviZ DataTree of the main posterior: NUTS on the ODE model (step 4, the
         default), its Laplace approximation, or the gradient-matching chains when the fit
         ran without step 4 (``fit(posterior=None)``)
-    estimates : xarray.Dataset, ``theta`` (estimate, parameter) for ``sampled``
+    estimates : xarray.Dataset, ``x0`` (state) refined initial values, ``nll_per_start``
+        (start) negative log likelihood of each refinement start, ``theta`` (estimate, parameter) for ``sampled``
         (gradient-matching posterior mean), ``refined`` and, with step 4, ``posterior``
         (its mean); ``stderr`` (parameter) of the refined estimate; ``truth`` (parameter)
         when known
@@ -59,7 +60,7 @@ class FitResult:
     @property
     def x0(self) -> dict[str, float]:
         """The refined initial value of every state, by name."""
-        return dict(zip(self.system.states, map(float, self.estimates.attrs["refined_x0"])))
+        return dict(zip(self.system.states, map(float, self.estimates["x0"].values)))
 
     def parameter_table(self) -> pd.DataFrame:
         """Per parameter: true (if known), sampled (gradient-matching mean), refined with its
@@ -79,7 +80,8 @@ class FitResult:
             table["posterior_sd"] = [float(post[p].std()) for p in params]
             table["hdi_3%"] = [float(post[p].quantile(0.03)) for p in params]
             table["hdi_97%"] = [float(post[p].quantile(0.97)) for p in params]
-            table["r_hat"] = self.diagnostics["rhat"].sel(sampler="posterior", variable=params).values
+            if self.diagnostics is not None and "posterior" in self.diagnostics["sampler"].values:
+                table["r_hat"] = self.diagnostics["rhat"].sel(sampler="posterior", variable=params).values
         return table
 
     def summary(self, **kwargs) -> pd.DataFrame:

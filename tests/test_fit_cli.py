@@ -43,12 +43,13 @@ def test_fit_result_contents(small_fit, lv):
                                  "hdi_3%", "hdi_97%", "r_hat"]
     assert list(tab.index) == list(lv.system.parameters)
     assert r.trajectories["x"].sel(estimate="truth").shape == (400, 2)
+    assert r.x0["x2"] == 3.0 and r.x0["x1"] == float(r.estimates["x0"].sel(state="x1"))  # latent x0 as given
     assert r.n_ode_solves["sampling"] > 0 and r.n_ode_solves["refinement"] > 0
     assert set(r.timings) == {"gp", "sampling", "refinement", "posterior", "total"}
     assert r.timings["gp"] < r.timings["total"]
     # multi-start refinement: pooled mean + each of the 2 chains' means; the best one is kept
-    costs = r.estimates.attrs["refinement_costs_per_start"]
-    assert len(costs) == 3 and r.estimates.attrs["refinement_cost"] == min(costs)
+    nlls = r.estimates["nll_per_start"].values  # noise estimated: starts compare by likelihood
+    assert len(nlls) == 3 and r.estimates.attrs["refinement_nll"] == min(nlls)
     f1, f2 = r.plot_states(), r.plot_parameters()
     assert len(f1.axes) == 2 and len(f2.axes) == 1
     # the states figure draws the posterior's 94 % band of the latent state x2
