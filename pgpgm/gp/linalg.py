@@ -1,0 +1,45 @@
+"""Input checks and the jittered Cholesky factorisation shared by the GP fit and gradient matching."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import linalg
+
+from ..errors import DataError
+
+
+def check_series(t, y) -> tuple[np.ndarray, np.ndarray]:
+    """Times (N,), strictly increasing, N >= 3, and finite observations (N,) as float arrays."""
+    from ..data import check_times
+
+    t = check_times(t, min_points=3)
+    y = np.asarray(y, dtype=float)
+    if y.shape != t.shape:
+        raise DataError(f"observations have shape {y.shape}, times have shape {t.shape}")
+    if not np.all(np.isfinite(y)):
+        raise DataError("observations contain NaN or inf")
+    return t, y
+
+
+def jittered_cholesky(M: np.ndarray, min_jitter: float = 0.0) -> tuple[np.ndarray, float]:
+    """Lower Cholesky factor of M + jitter*mean(diag(M)) I, raising jitter until it succeeds.
+
+    Parameters
+    ----------
+    M : (N, N) symmetric matrix
+    min_jitter : smallest relative jitter tried first (0: try M itself)
+
+    Returns
+    -------
+    L : (N, N) lower triangular factor
+    jitter : the relative jitter used
+    """
+    scale = float(np.mean(np.diag(M))) or 1.0
+    jitter = min_jitter
+    for _ in range(12):
+        try:
+            L = linalg.cholesky(M + (jitter * scale) * np.eye(M.shape[0]), lower=True)
+            return L, jitter
+        except linalg.LinAlgError:
+            jitter = max(jitter * 10.0, 1e-10)
+    raise DataError("covariance matrix is not positive definite even with jitter; check times and hyperparameters")
