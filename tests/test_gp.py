@@ -34,33 +34,42 @@ def test_derivative_covariances_match_finite_differences(name):
     h2 = 1e-4
     fd2 = (k(ta + h2, tb + h2) - k(ta + h2, tb - h2) - k(ta - h2, tb + h2) + k(ta - h2, tb - h2)) / (4 * h2 * h2)
     np.testing.assert_allclose(Cab, fd2, rtol=1e-4, atol=1e-5)
-    # dK/dh against central differences in each hyperparameter
-    t = np.array([0.0, 0.4, 1.1, 2.0, 3.5])
-    K, dK = kern.cov_with_hyper_grads(t, hyper)
-    np.testing.assert_allclose(K, kern.cov(t, t, hyper), rtol=1e-14)
-    for j in range(len(hyper)):
-        up, dn = np.array(hyper, float), np.array(hyper, float)
-        up[j] += 1e-6 * hyper[j]
-        dn[j] -= 1e-6 * hyper[j]
-        fd = (kern.cov(t, t, up) - kern.cov(t, t, dn)) / (2e-6 * hyper[j])
-        np.testing.assert_allclose(dK[j], fd, rtol=1e-6, atol=1e-9)
+    # dK/dh against central differences in each hyperparameter, on an uneven grid (pairwise
+    # differences), an even one (Toeplitz from the lags for stationary kernels) and in the
+    # lower-triangle form the fit uses (row blocks of 2 to cross block boundaries)
+    for t in (np.array([0.0, 0.4, 1.1, 2.0, 3.5]), np.linspace(0.3, 3.3, 7)):
+        K, dK = kern.cov_with_hyper_grads(t, hyper)
+        np.testing.assert_allclose(K, kern.cov(t, t, hyper), rtol=1e-13)
+        for j in range(len(hyper)):
+            up, dn = np.array(hyper, float), np.array(hyper, float)
+            up[j] += 1e-6 * hyper[j]
+            dn[j] -= 1e-6 * hyper[j]
+            fd = (kern.cov(t, t, up) - kern.cov(t, t, dn)) / (2e-6 * hyper[j])
+            np.testing.assert_allclose(dK[j], fd, rtol=1e-6, atol=1e-9)
+        lower = kern._run_lower(kern._f_hyper, t, hyper, block=2)
+        for full, low in zip([K, *dK], lower):
+            np.testing.assert_allclose(np.tril(low), np.tril(full), rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.parametrize("name", ["rbf", "matern52", "sigmoid", "rq"])
 @pytest.mark.parametrize("fixed_noise", [None, 0.2])
-def test_likelihood_gradient_matches_finite_differences(name, fixed_noise):
+@pytest.mark.parametrize("grid", ["uneven", "even"])
+def test_likelihood_gradient_matches_finite_differences(name, fixed_noise, grid):
     # The analytic gradient (trace terms from the Cholesky factor) against central
     # differences of the negative log marginal likelihood, at random points of the log box.
     kern = ALL[name]
     rng = np.random.default_rng(3)
-    t = np.sort(rng.uniform(0, 6, 40))
+    t = np.sort(rng.uniform(0, 6, 40)) if grid == "uneven" else np.linspace(0, 6, 40)
     z = np.sin(t) + rng.normal(0, 0.1, t.size)
     z = (z - z.mean()) / z.std()
     H = len(kern.hyperparameters)
     for _ in range(3):
         lp = np.log(rng.uniform(0.3, 2.0, H + (fixed_noise is None)))
         f, g = negative_log_marginal_likelihood(lp, kern, t, z, fixed_noise)
-        assert f < 1e9
+        noise = fixed_noise if fixed_noise is not None else np.exp(lp[H])
+        K = kern.cov(t, t, np.exp(lp[:H])) + (noise**2 + 1e-8) * np.eye(t.size)  # dense, pairwise
+        assert f == pytest.approx(0.5 * z @ np.linalg.solve(K, z) + 0.5 * np.linalg.slogdet(K)[1]
+                                  + 0.5 * t.size * np.log(2 * np.pi), rel=1e-9)
         fd = np.empty_like(g)
         for j in range(lp.size):
             e = np.zeros_like(lp)

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
-from scipy.linalg import lapack
-from threadpoolctl import threadpool_limits
+from scipy.linalg import blas, lapack
 
 from ..errors import DataError
 from .kernels import NOISE, Kernel, TimeGrid, get_kernel
-from .linalg import check_series, jittered_cholesky
+from .linalg import check_series, jittered_cholesky, limit_blas_threads
 from .matching import GradientMatching, gradient_matching  # noqa: F401  (old import path: pgpgm.gp.fit)
 
 _DIAG_FLOOR = 1e-8
@@ -109,7 +108,7 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
     H = len(kernel.hyperparameters)
     hyper = np.exp(logp[:H])
     noise = fixed_noise if fixed_noise is not None else np.exp(logp[H])
-    K, dK = kernel.cov_with_hyper_grads(t, hyper, checked=True)
+    K, dK = kernel.cov_with_hyper_grads(t, hyper, checked=True, lower=True)  # lower triangles hold the values
     if any(g is K for g in dK):
         K = K.copy()
     n = t.size
@@ -120,14 +119,15 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
         return 1e10, np.zeros_like(logp)
     alpha, _ = lapack.dpotrs(U, z, lower=0)
     nll = 0.5 * z @ alpha + np.log(np.diagonal(U)).sum() + 0.5 * n * np.log(2 * np.pi)
-    Kinv_tri, _ = lapack.dpotri(U, lower=0)  # one triangle of K^-1, the other zero
-    Kinv_tri = Kinv_tri.T  # C-contiguous view (the same numbers)
+    Kinv_tri, _ = lapack.dpotri(U, lower=0, overwrite_c=1)  # one triangle of K^-1, the other zero
+    Kinv_tri = Kinv_tri.T  # C-contiguous view: K^-1 in the lower triangle, zeros above
     Kinv_diag = np.diagonal(Kinv_tri)
     grads = []
     for g, h in zip(dK, hyper):
-        # tr(K^-1 dK) from one triangle of the symmetric K^-1
+        # tr(K^-1 dK) and alpha^T dK alpha from the lower triangles of the symmetric matrices
         trace = 2.0 * np.vdot(Kinv_tri, g) - Kinv_diag @ np.diagonal(g)
-        grads.append(-0.5 * (alpha @ (g @ alpha) - trace) * h)
+        quad = alpha @ blas.dsymv(1.0, g.T, alpha, lower=0)  # g.T in Fortran order: its upper = g's lower
+        grads.append(-0.5 * (quad - trace) * h)
     if fixed_noise is None:
         grads.append(-0.5 * (alpha @ alpha - Kinv_diag.sum()) * 2 * noise**2)
     return float(nll), np.array(grads)
@@ -192,7 +192,7 @@ def fit_gp(
     guess = np.clip(np.log(list(kernel.guess(grid)) + ([noise_guess] if fixed is None else [])), b[:, 0], b[:, 1])
     starts = [guess] + [rng.uniform(b[:, 0], b[:, 1]) for _ in range(max(n_starts, 1) - 1)]
     best = None
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with limit_blas_threads(blas_threads):
         for x0 in starts:
             res = optimize.minimize(negative_log_marginal_likelihood, x0, args=(kernel, t, z, fixed), jac=True,
                                     method="L-BFGS-B", bounds=b)

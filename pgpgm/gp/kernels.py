@@ -389,6 +389,48 @@ class Kernel:
             res.append(o)
         return res
 
+    def _run_uniform(self, f, t, hyper) -> list[np.ndarray] | None:
+        """Stationary k on an evenly spaced grid: evaluate at the N lags, fill (N, N) Toeplitz matrices.
+
+        Returns None when the kernel is not stationary or the grid not uniform to 64 ulp of max|t|.
+        """
+        n = t.size
+        if not self.stationary or n < 3:
+            return None
+        lags = t - t[0]
+        step = lags[-1] / (n - 1)
+        if np.max(np.abs(lags - step * np.arange(n))) > 64 * np.finfo(float).eps * np.max(np.abs(t)):
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            outs = f(lags, *(float(h) for h in hyper))
+        res = []
+        for o in outs:
+            v = np.broadcast_to(np.asarray(o, dtype=np.float64), (n,))
+            w = np.concatenate([v[:0:-1], v])  # v[n-1], ..., v[1], v[0], v[1], ..., v[n-1]
+            res.append(np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(w, n)[::-1]))
+        return res
+
+    def _run_lower(self, f, t, hyper, block: int = 128) -> list[np.ndarray]:
+        """Lower triangle (with diagonal) of each (N, N) output on times t, in row blocks.
+
+        Block rows [i0, i1) are evaluated against columns [0, i1): about half the work of
+        the full matrix. Above the diagonal blocks the outputs are zero; inside them the
+        symmetric values are kept.
+        """
+        n = t.size
+        hv = [float(h) for h in hyper]
+        outs: list[np.ndarray] = []
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for i0 in range(0, n, block):
+                i1 = min(i0 + block, n)
+                inputs = (t[i0:i1, None] - t[None, :i1],) if self.stationary else (t[i0:i1, None], t[None, :i1])
+                vals = f(*inputs, *hv)
+                if not outs:
+                    outs = [np.zeros((n, n)) for _ in vals]
+                for o, v in zip(outs, vals):
+                    o[i0:i1, :i1] = v
+        return outs
+
     def check_hyper(self, hyper) -> np.ndarray:
         """``hyper`` as a float array (H,), or DataError if its length or sign is wrong."""
         h = np.asarray(hyper, dtype=float).reshape(-1)
@@ -409,14 +451,24 @@ class Kernel:
         """
         return tuple(self._run(self._f_time, ta, tb, self.check_hyper(hyper)))
 
-    def cov_with_hyper_grads(self, t, hyper, *, checked: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    def cov_with_hyper_grads(self, t, hyper, *, checked: bool = False,
+                             lower: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
         """(K, [dK/dh_k]) on times ``t`` (N,): K (N, N) and one (N, N) matrix per hyperparameter.
 
-        All from one evaluation (time differences and shared subexpressions computed once).
+        All from one evaluation (time differences and shared subexpressions computed once). A
+        stationary kernel on evenly spaced times is evaluated at the N lags only (Toeplitz
+        matrices; the lags differ from the pairwise differences t_i - t_j by rounding).
         ``checked=True`` skips the validation of ``hyper`` (for the optimiser's inner loop).
+        ``lower=True`` guarantees only the lower triangle and diagonal of every matrix (the
+        strict upper triangle holds zeros or the symmetric values): half the work on
+        uneven grids, for consumers that read one triangle (LAPACK ``potrf``, BLAS ``symv``).
         """
         h = hyper if checked else self.check_hyper(hyper)
-        K, *grads = self._run(self._f_hyper, t, t, h)
+        t = np.asarray(t, dtype=float).reshape(-1)
+        out = self._run_uniform(self._f_hyper, t, h)
+        if out is None:
+            out = self._run_lower(self._f_hyper, t, h) if lower else self._run(self._f_hyper, t, t, h)
+        K, *grads = out
         return K, grads
 
     def cov_hyper_grads(self, t, hyper) -> list[np.ndarray]:

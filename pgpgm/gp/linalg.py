@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from functools import cache
+
 import numpy as np
 from scipy import linalg
+from threadpoolctl import ThreadpoolController
 
 from ..errors import DataError
 
@@ -43,3 +47,17 @@ def jittered_cholesky(M: np.ndarray, min_jitter: float = 0.0) -> tuple[np.ndarra
         except linalg.LinAlgError:
             jitter = max(jitter * 10.0, 1e-10)
     raise DataError("covariance matrix is not positive definite even with jitter; check times and hyperparameters")
+
+
+@cache
+def _controller() -> ThreadpoolController:
+    # Finding the loaded BLAS libraries takes ~6 ms (it reads the process's library list);
+    # numpy's and scipy's BLAS are loaded at import, so one look suffices.
+    return ThreadpoolController()
+
+
+def limit_blas_threads(limit: int | None):
+    """Context manager: BLAS limited to ``limit`` threads inside, unchanged when None."""
+    if limit is None:
+        return contextlib.nullcontext()
+    return _controller().limit(limits=limit, user_api="blas")

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import linalg
-from threadpoolctl import threadpool_limits
 
 from ..errors import DataError
-from .linalg import jittered_cholesky
+from .linalg import jittered_cholesky, limit_blas_threads
 
 if TYPE_CHECKING:
     from .fit import GPFit
@@ -45,23 +44,26 @@ class GradientMatching:
     A: np.ndarray
     jitter: float
 
-    def gradient_precision(self, gamma: float) -> np.ndarray:
+    def gradient_precision(self, gamma: float, *, blas_threads: int | None = 1) -> np.ndarray:
         """(A + gamma I)^-1, shape (N, N), via Cholesky (adaptive jitter if needed).
 
         Parameters
         ----------
         gamma : mismatch variance between the ODE gradient and the GP gradient,
             (state units / time)^2, >= 0
+        blas_threads : BLAS threads (see :mod:`pgpgm.gp.fit`); None leaves the process setting unchanged.
         """
         if not gamma >= 0:
             raise DataError(f"gamma must be non-negative, got {gamma}")
         n = self.A.shape[0]
-        L, _ = jittered_cholesky(self.A + gamma * np.eye(n))
-        P = linalg.cho_solve((L, True), np.eye(n))
+        with limit_blas_threads(blas_threads):
+            L, _ = jittered_cholesky(self.A + gamma * np.eye(n))
+            P = linalg.cho_solve((L, True), np.eye(n))
         return 0.5 * (P + P.T)
 
 
-def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6, blas_threads: int | None = 1) -> GradientMatching:
+def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6,
+                      blas_threads: int | None = 1) -> GradientMatching:
     """D, A and the precisions for a fitted GP at times ``t`` (N,).
 
     Parameters
@@ -76,7 +78,7 @@ def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6, blas_threads: 
 
     t = check_times(t, min_points=3)
     C, dC_da, dC_db, d2C = fit.kernel.cov_grad(t, t, fit.hyper)
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with limit_blas_threads(blas_threads):
         L, jitter = jittered_cholesky(C, min_jitter)
         Cj = C + jitter * float(np.mean(np.diag(C))) * np.eye(t.size)
         # D = C' C^-1  <=>  D^T = C^-1 C'^T (C symmetric)
