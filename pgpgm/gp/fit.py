@@ -203,5 +203,5 @@ def fit_gp(
         if h.kind == "variance":
             hyper[i] *= scale**2
     noise = noise_sd if fixed is not None else float(np.exp(best.x[H])) * scale
-    lml = -float(best.fun) - t.size * np.log(scale)
+    lml = -float(best.fun) - t.size * float(np.log(scale))
     return GPFit(state, kernel, hyper, float(noise), mean, scale, lml, fixed is not None)

@@ -121,6 +121,8 @@ class Hyperparameter:
         if self.kind not in ("variance", "lengthscale", "other"):
             raise ModelDefinitionError(f"hyperparameter {self.name}: kind must be 'variance', 'lengthscale' or "
                                        f"'other', got {self.kind!r}")
+        if isinstance(self.bounds, list):
+            object.__setattr__(self, "bounds", tuple(self.bounds))
         if not isinstance(self.bounds, tuple) or len(self.bounds) != 2:
             raise ModelDefinitionError(f"hyperparameter {self.name}: bounds must be a tuple (lower, upper), "
                                        f"got {self.bounds!r}")
