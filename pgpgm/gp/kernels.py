@@ -9,8 +9,9 @@ carries sensible defaults for any time unit.
 
 Every derivative - dk/da, dk/db, d2k/(da db) and dk/dh - is derived symbolically and
 compiled to numpy with :func:`sympy.lambdify` (common subexpressions shared). A
-stationary kernel (k a function of tau = a - b only) is evaluated from one matrix of
-time differences per call. A user adds a kernel by writing only k
+stationary kernel (k a function of tau = a - b only) is evaluated from time
+differences (only the N lags on evenly spaced times); large matrices are filled in
+cache-sized blocks of rows. A user adds a kernel by writing only k
 (:meth:`Kernel.from_expression`); kernels add and multiply (``k1 + k2``, ``k1 * k2``).
 """
 
