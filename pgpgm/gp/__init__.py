@@ -1,6 +1,8 @@
-"""Step 1: a Gaussian process per observed state and the gradient-matching matrices."""
+"""Step 1: a Gaussian process per observed state (fit) and the gradient-matching matrices (matching)."""
 
-from .fit import GPFit, GradientMatching, fit_gp, gradient_matching
-from .kernels import KERNELS, Kernel, get_kernel
+from .fit import GPFit, fit_gp
+from .kernels import KERNELS, Hyperparameter, Kernel, Scaled, TimeGrid, get_kernel
+from .matching import GradientMatching, gradient_matching
 
-__all__ = ["GPFit", "GradientMatching", "KERNELS", "Kernel", "fit_gp", "get_kernel", "gradient_matching"]
+__all__ = ["GPFit", "GradientMatching", "Hyperparameter", "KERNELS", "Kernel", "Scaled", "TimeGrid", "fit_gp",
+           "get_kernel", "gradient_matching"]
