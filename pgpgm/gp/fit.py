@@ -32,7 +32,6 @@ from scipy.linalg import blas, lapack
 from ..errors import DataError
 from .kernels import NOISE, Kernel, TimeGrid, get_kernel
 from .linalg import check_series, jittered_cholesky, limit_blas_threads
-from .matching import GradientMatching, gradient_matching  # noqa: F401  (old import path: pgpgm.gp.fit)
 
 _DIAG_FLOOR = 1e-8
 """Added to the diagonal of K of the standardised series in the fit (variance units of z)."""
