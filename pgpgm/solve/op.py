@@ -5,6 +5,10 @@
 and their forward sensitivities together; a graph rewrite then lets the plain node
 reuse that node's states, so a log density and its gradient cost one solve (as
 sunode's ``solve_ivp`` returns values and sensitivities from one solve).
+
+Under PyTensor's numba backend (PyMC's default, and nutpie's) an Op whose solver is
+:class:`~pgpgm.solve.cvode.CVODE` runs as compiled code (:mod:`.numba_op`), with no
+Python between the sampler and CVODE; other solvers run ``perform`` in object mode.
 """
 
 from __future__ import annotations
