@@ -79,8 +79,12 @@ class Integrator:
     Attributes
     ----------
     n_solves : int
-        Solves done so far (with or without sensitivities); a repeated plain solve at the
-        same (theta, x0) is served from the previous result and not counted.
+        Solves done so far (with or without sensitivities), from Python and from compiled
+        code; a repeated plain solve at the same (theta, x0) through :meth:`solve` is served
+        from the previous result and not counted.
+    compiled_solves : array (1,) of int64
+        The solves done by compiled code (the numba implementation of
+        :class:`~pgpgm.solve.op.ODEOp` adds to it atomically, through its address).
     """
 
     def __init__(self, system: ODESystem, times, solver: Solver | None = None):
@@ -93,7 +97,8 @@ class Integrator:
             raise DataError(f"solver must be a pgpgm Solver such as pgpgm.CVODE(), got {self.solver!r}")
         if not self.solver.available():
             raise DataError(f"the {self.solver.name} solver is not available here; use pgpgm.default_solver()")
-        self.n_solves = 0
+        self._python_solves = 0
+        self.compiled_solves = np.zeros(1, dtype=np.int64)
         S, P = system.n_states, system.n_parameters
         self._sizes = {False: S, True: S * (1 + P + S)}
         self._engines: dict[bool, Engine] = {}
@@ -101,6 +106,10 @@ class Integrator:
 
     def __reduce__(self):  # native memory is not picklable: rebuild it in the other process
         return (Integrator, (self.system, self.times, self.solver))
+
+    @property
+    def n_solves(self) -> int:
+        return self._python_solves + int(self.compiled_solves[0])
 
     def solve(self, theta, x0) -> np.ndarray:
         """States at ``times``: array (N, S). Raises :class:`ODESolveError` on failure."""
@@ -145,7 +154,7 @@ class Integrator:
         return theta, x0
 
     def _run(self, aug: bool, theta, y0) -> np.ndarray:
-        self.n_solves += 1
+        self._python_solves += 1
         engine = self._engines.get(aug)
         if engine is None:
             engine = self._engines[aug] = self.solver.engine(self.system, self._sizes[aug], aug)

@@ -5,6 +5,10 @@
 and their forward sensitivities together; a graph rewrite then lets the plain node
 reuse that node's states, so a log density and its gradient cost one solve (as
 sunode's ``solve_ivp`` returns values and sensitivities from one solve).
+
+Under PyTensor's numba backend (PyMC's default, and nutpie's) an Op whose solver is
+:class:`~pgpgm.solve.cvode.CVODE` runs as compiled code (:mod:`.numba_op`), with no
+Python between the sampler and CVODE; other solvers run ``perform`` in object mode.
 """
 
 from __future__ import annotations
@@ -99,8 +103,10 @@ def share_ode_solve(fgraph, node):
     return None
 
 
-def _register_numba_fallback() -> None:
-    """Run the Op's Python ``perform`` under PyTensor's numba backend without a warning each compile."""
+def _register_numba() -> None:
+    """Give PyTensor's numba backend the compiled Op (:mod:`.numba_op`) where the solver is
+    CVODE; other solvers run the Op's Python ``perform`` in object mode, without a warning
+    at each compile."""
     import warnings
 
     try:
@@ -108,11 +114,16 @@ def _register_numba_fallback() -> None:
     except ImportError:  # other PyTensor layouts: the default fallback (with its warning) applies
         return
 
+    from .numba_op import numba_ode_function
+
     @numba_funcify.register(ODEOp)
     def funcify(op, node=None, storage_map=None, **kwargs):
+        compiled = numba_ode_function(op)
+        if compiled is not None:
+            return compiled
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return generate_fallback_impl(op, node, storage_map, **kwargs)
 
 
-_register_numba_fallback()
+_register_numba()

@@ -1,0 +1,120 @@
+"""The numba implementation of :class:`~pgpgm.solve.op.ODEOp` for PyTensor's numba backend.
+
+PyTensor compiles a graph for its NUMBA linker (PyMC's default, and nutpie's) by asking
+``numba_funcify`` for a numba function per Op. For an :class:`ODEOp` whose integrator
+uses :class:`~pgpgm.solve.cvode.CVODE`, :func:`numba_ode_function` returns an njit
+function ``(theta (P,), x0 (S,)) -> x (N, S)`` - or ``(x, dx/dtheta (N, S, P),
+dx/dx0 (N, S, S))`` for the sensitivity Op - that seeds the initial state (and the
+identity seeds of the x0 sensitivities), and runs the whole CVODE solve
+(:func:`~pgpgm.solve.cvode.cvode_kernel`) inside compiled code: the sampler's logp and
+gradient reach CVODE without Python in between. The output times, tolerances and
+callback addresses are compile-time constants, so the function is specific to this
+process and PyTensor does not cache it on disk (the Op declares no cache key).
+
+A failed solve (a negative CVODE flag, a non-finite state, non-finite inputs) gives NaN
+outputs with ``on_failure="nan"`` and raises :class:`~pgpgm.errors.ODESolveError` with
+``on_failure="raise"``, as the Python ``perform`` does. Each solve adds one to the
+integrator's ``compiled_solves`` counter (an atomic add at its address), so
+:attr:`Integrator.n_solves` counts compiled and Python solves together.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..errors import DataError, ODESolveError
+from .cvode import CVODE, NON_FINITE, cvode_kernel
+
+if TYPE_CHECKING:
+    from .op import ODEOp
+
+
+@intrinsic
+def _atomic_increment(typingctx, address):
+    """Add 1 to the int64 at ``address`` atomically; returns the previous value."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        pointer = builder.inttoptr(args[0], i64.as_pointer())
+        return builder.atomic_rmw("add", pointer, ir.Constant(i64, 1), "monotonic")
+
+    return types.int64(address), codegen
+
+
+def compiles(op: ODEOp) -> bool:
+    """Whether ``op`` gets a numba implementation (its integrator uses compiled CVODE)."""
+    it = op.integrator
+    return isinstance(it.solver, CVODE) and it.solver.available() and it.system.compiled.cvode is not None
+
+
+def numba_ode_function(op: ODEOp):
+    """The njit implementation of ``op``, or None when its solver has none (see :func:`compiles`).
+
+    Returns
+    -------
+    function (theta (P,), x0 (S,)) -> x (N, S), or -> (x (N, S), dx_dtheta (N, S, P),
+    dx_dx0 (N, S, S)) when ``op.sensitivities``; callable from numba code and from Python.
+    """
+    if not compiles(op):
+        return None
+    it = op.integrator
+    S, P, N = it.system.n_states, it.system.n_parameters, it.times.size
+    K = P + S
+    engine = it.solver.engine(it.system, S * (1 + K) if op.sensitivities else S, op.sensitivities)
+    rhs, jac, n = engine.rhs, engine.jac, engine.n
+    rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
+    times = np.ascontiguousarray(it.times, dtype=np.float64)
+    counter = it.compiled_solves.ctypes.data  # lives as long as the integrator, which the Op holds
+    kernel = cvode_kernel()
+    raise_on_failure = op.on_failure == "raise"
+    sensitivities = op.sensitivities
+
+    @numba.njit(cache=False)
+    def augmented_solve(theta, x0):
+        if theta.shape[0] != P or x0.shape[0] != S:
+            raise DataError("ODEOp: theta and x0 must have the system's numbers of parameters and states")
+        y0 = np.zeros(n)
+        for j in range(S):
+            y0[j] = x0[j]
+        if sensitivities:
+            for j in range(S):  # d x(t0) / d x0_j = e_j
+                y0[S + (P + j) * S + j] = 1.0
+        out = np.empty((N, n))
+        flag = NON_FINITE
+        t_reached = times[0]
+        if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
+            _atomic_increment(counter)
+            flag, _, t_reached = kernel(rhs, jac, rtol, atol, max_steps, times, np.ascontiguousarray(theta), y0,
+                                        out)
+        if flag < 0:
+            if raise_on_failure:
+                raise ODESolveError("CVODE failed in ODEOp (flag, time reached):", flag, t_reached)
+            out[:] = np.nan
+        return out
+
+    if not sensitivities:
+        return augmented_solve
+
+    @numba.njit(cache=False)
+    def solve_with_sensitivities(theta, x0):
+        y = augmented_solve(theta, x0)
+        x = np.ascontiguousarray(y[:, :S])
+        dx_dtheta = np.empty((N, S, P))
+        dx_dx0 = np.empty((N, S, S))
+        for t in range(N):
+            for i in range(S):
+                for k in range(P):
+                    dx_dtheta[t, i, k] = y[t, S + k * S + i]
+                for j in range(S):
+                    dx_dx0[t, i, j] = y[t, S + (P + j) * S + i]
+        return x, dx_dtheta, dx_dx0
+
+    return solve_with_sensitivities
