@@ -117,6 +117,8 @@ def test_models_load_by_name_and_match_method():
     np.testing.assert_array_equal(c.theta, [2, 1, 4, 1])
     np.testing.assert_allclose(c.times, np.linspace(0, 2, 20))
     assert lv.case("x2-observed-large-noise").noise_sd == 0.5
+    big = lv.case("x1-observed-large-noise")  # METHOD.md's fourth Lotka-Volterra case
+    assert big.observed == ("x1",) and big.noise_sd == 0.5
     fhn = pgpgm.load_model("fitzhugh-nagumo")
     assert fhn.case("R-observed").snr == 100 and fhn.case().times.size == 100 and fhn.case().kernel == "matern52"
     ptm = pgpgm.load_model("protein-transduction")
