@@ -59,6 +59,7 @@ for seed in range(args.seeds):
         inits.append({n: np.asarray(v) for n, v in zip(layout.free, draw)})
     t0 = time.perf_counter()
     tree = pm.sample(draws=500, tune=500, chains=4, cores=2, initvals=inits, random_seed=seed, model=model,
+                     nuts_sampler="pymc",
                      progressbar=False, compute_convergence_checks=False)
     nuts_s = time.perf_counter() - t0
     dn = diagnose(tree, layout.free)
