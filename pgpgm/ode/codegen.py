@@ -43,7 +43,8 @@ class CompiledKernels:
     """numba-jitted kernels of one system (all take float64 arrays).
 
     rhs(t, x (S,), theta (P,), out (S,)); jac_x(t, x, theta, out (S, S));
-    jac_p(t, x, theta, out (S, P)); rhs_grid(t (N,), x (N, S), theta, out (N, S));
+    jac_p(t, x, theta, out (S, P)) (the Jacobians write only their nonzero entries: pass
+    ``out`` zeroed); rhs_grid(t (N,), x (N, S), theta, out (N, S));
     aug_rhs(t, y (S*(1+K),), theta, out) for the sensitivity system.
     ``cvode`` holds the C callbacks for CVODE (None if SUNDIALS is not loadable).
     """
@@ -128,8 +129,11 @@ def compile_kernels(system: ODESystem) -> CompiledKernels:
     jx, jp = system.state_jacobian, system.parameter_jacobian
     src = {
         "rhs": _assignments([(f"out[{i}]", e) for i, e in enumerate(system.expressions)], mapping),
-        "jac_x": _assignments([(f"out[{i}, {j}]", jx[i, j]) for i in range(S) for j in range(S)], mapping),
-        "jac_p": _assignments([(f"out[{i}, {k}]", jp[i, k]) for i in range(S) for k in range(P)], mapping),
+        # Jacobians: only the entries that are not identically zero (``out`` arrives zeroed).
+        "jac_x": _assignments([(f"out[{i}, {j}]", jx[i, j]) for i in range(S) for j in range(S) if jx[i, j] != 0],
+                              mapping),
+        "jac_p": _assignments([(f"out[{i}, {k}]", jp[i, k]) for i in range(S) for k in range(P) if jp[i, k] != 0],
+                              mapping),
     }
     namespace: dict[str, Any] = {"math": __import__("math")}
     funcs = {}
@@ -148,7 +152,7 @@ def compile_kernels(system: ODESystem) -> CompiledKernels:
     def aug_rhs(tt, y, p, out):
         x = y[:S]
         rhs(tt, x, p, out[:S])
-        jx_ = np.empty((S, S))
+        jx_ = np.zeros((S, S))
         jp_ = np.zeros((S, P))
         jac_x(tt, x, p, jx_)
         jac_p(tt, x, p, jp_)
@@ -163,7 +167,7 @@ def compile_kernels(system: ODESystem) -> CompiledKernels:
     @numba.njit(error_model="numpy")
     def aug_jac_colmajor(tt, y, p, m):
         # m is the (n, n) dense matrix viewed column-major: m[j, i] = dF_i/dy_j.
-        jx_ = np.empty((S, S))
+        jx_ = np.zeros((S, S))
         jac_x(tt, y[:S], p, jx_)
         for blk in range(K + 1):
             base = blk * S
@@ -212,7 +216,7 @@ def _cvode_callbacks(k: CompiledKernels, aug_jac_colmajor) -> CvodeCallbacks | N
         y = numba.carray(get_data(y_), (S,))
         p = numba.carray(p_, (max(P, 1),))
         m = numba.carray(mat_data(m_), (S, S))
-        jx_ = np.empty((S, S))
+        jx_ = np.zeros((S, S))
         jac_x(t, y, p, jx_)
         for i in range(S):
             for j in range(S):
