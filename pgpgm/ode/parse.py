@@ -102,6 +102,10 @@ def _chain(op: ast.operator) -> str | None:
     return None
 
 
+# Operator and context nodes (``+``, ``Load``, ...) are not levels of their own.
+_MARKERS = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
 def nesting_depth(tree: ast.AST, limit: int = MAX_DEPTH) -> int:
     """Nesting depth of a parsed expression (iterative; stops counting past ``limit``).
 
@@ -116,6 +120,8 @@ def nesting_depth(tree: ast.AST, limit: int = MAX_DEPTH) -> int:
         if deepest > limit:
             break
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, _MARKERS):
+                continue
             same_chain = (
                 isinstance(node, ast.BinOp) and child is node.left and isinstance(child, ast.BinOp)
                 and _chain(node.op) is not None and _chain(child.op) == _chain(node.op)

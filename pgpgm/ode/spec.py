@@ -8,6 +8,7 @@ right-hand side string), an optional ``[experiment]`` table of defaults and
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -142,15 +143,29 @@ PRIOR_KEYS: Mapping[str, str] = {"lower": "lower bounds", "upper": "upper bounds
 TIMES_KEYS: Mapping[str, str] = {"start": "first time", "stop": "last time", "num": "number of times"}
 
 
+def _hint(key: str, known: Mapping[str, str]) -> str:
+    """'did you mean ...' for a misspelt key: a close key of the same table, else of another."""
+    if m := difflib.get_close_matches(key, list(known), n=1):
+        return f"did you mean {m[0]!r}?"
+    tables = {"the top level": TOP_KEYS, "[experiment] and [cases.NAME]": EXPERIMENT_KEYS,
+              "priors": PRIOR_KEYS, "times": TIMES_KEYS}
+    for table, keys in tables.items():
+        if m := difflib.get_close_matches(key, list(keys), n=1):
+            return f"did you mean {m[0]!r}, a key of {table}?"
+    return ""
+
+
 def _check_keys(table: Any, known: Mapping[str, str], where: str) -> Mapping[str, Any]:
     """``table`` as a mapping whose keys are all in ``known``; else a ModelDefinitionError naming them."""
     if not isinstance(table, Mapping):
         raise ModelDefinitionError(f"{where} must be a table, got {type(table).__name__} {table!r:.100}")
     unknown = [k for k in table if k not in known]
     if unknown:
+        hints = [_hint(str(k), known) for k in unknown]
+        hints = [h for h in hints if h]
         raise ModelDefinitionError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in {where}; "
-            f"the known keys are: {', '.join(known)}"
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in {where}"
+            f"{' (' + '; '.join(hints) + ')' if hints else ''}; the known keys are: {', '.join(known)}"
         )
     return table
 
