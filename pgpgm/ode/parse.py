@@ -398,15 +398,31 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol], *, where: str 
     translator = _Translator(text, symbols, label)
     try:
         expr = translator.value(tree.body).expr
-        bad = expr.has(*_NOT_FINITE)
+        _check_finite(expr, label, text)
     except RecursionError:
         raise ModelDefinitionError(f"the expression{label} is too deeply nested: {_excerpt(text, 60)}") from None
-    if bad:
+    return expr
+
+
+def _check_finite(expr: sp.Basic, label: str, text: str | None = None) -> None:
+    """Every constant in ``expr`` - also those sympy forms, e.g. 1e308*(x - pi) -> 1e308*x - 1e308*pi -
+    must be a finite real 64-bit number, or the compiled code would compute inf or nan."""
+    source = f": {_excerpt(text)}" if text is not None else f": {expr}"
+    if expr.has(*_NOT_FINITE):
         raise ModelDefinitionError(
             f"the expression{label} is not finite and real everywhere (a division by zero, an infinite "
-            f"or complex constant): {_excerpt(text)}"
+            f"or complex constant){source}"
         )
-    return expr
+    for node in sp.preorder_traversal(expr):
+        if isinstance(node, sp.Expr) and not node.is_Symbol and node.is_number:
+            try:
+                value = float(node)
+            except (TypeError, ValueError, OverflowError):
+                value = math.nan
+            if not math.isfinite(value):
+                raise ModelDefinitionError(
+                    f"the constant {node} in the expression{label} is not a finite 64-bit number{source}"
+                )
 
 
 # ---------------------------------------------------------------------------------- writing back
@@ -435,14 +451,11 @@ def check_expression(expr: sp.Basic, *, where: str = "") -> None:
                 f"{name} is not part of the equation language{label} (in {node}); allowed functions are "
                 f"{sorted(ALLOWED_FUNCTIONS)}, with comparisons only in conditions"
             )
-        if isinstance(node, sp.Float) and not math.isfinite(float(node)):
-            raise ModelDefinitionError(f"the constant {node} is not a finite 64-bit number{label}")
         if isinstance(node, sp.Piecewise) and node.args[-1].cond is not sp.true:
             raise ModelDefinitionError(
                 f"a Piecewise without an 'otherwise' piece (condition True){label} is not supported: {node}"
             )
-    if expr.has(*_NOT_FINITE):
-        raise ModelDefinitionError(f"the expression{label} is not finite and real: {expr}")
+    _check_finite(expr, label)
 
 
 def nesting_depth_sympy(expr: sp.Basic) -> int:
