@@ -38,7 +38,7 @@ BAD_EQUATIONS = [
     ("1j*x", "the complex constant '1j'"),
     ("1/0 + x", "the constant '1/0' is not a finite real number"),
     ("x/0", "not finite and real everywhere"),
-    ("1e308*(x - pi)", "the constant 1.0e+308*pi in the expression in the equation for x is not a finite 64-bit number"),
+    ("1e308*(x - pi)", "the constant -1.0e+308*pi in the equation for x is not a finite 64-bit number"),
     ("1e308*(x + x)", "is not a finite 64-bit number"),
     ("x/(a - a)", "not finite and real everywhere"),
     ("tan(pi/2)*x", "not finite and real everywhere"),

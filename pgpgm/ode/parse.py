@@ -421,7 +421,7 @@ def _check_finite(expr: sp.Basic, label: str, text: str | None = None) -> None:
                 value = math.nan
             if not math.isfinite(value):
                 raise ModelDefinitionError(
-                    f"the constant {node} in the expression{label} is not a finite 64-bit number{source}"
+                    f"the constant {node}{label} is not a finite 64-bit number{source}"
                 )
 
 
