@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import sympy as sp
@@ -140,20 +141,26 @@ def _significant_digits(literal: str) -> int:
     return max(len(mantissa), 1)
 
 
+@dataclass(frozen=True)
 class _Translator:
-    """Turns one parsed expression into sympy; holds only the text, names and label."""
+    """Turns one parsed expression into sympy: the text, its names and the error label."""
 
-    def __init__(self, text: str, symbols: Mapping[str, sp.Symbol], label: str):
-        self.text = text
-        self.symbols = symbols
-        self.label = label
+    text: str
+    symbols: Mapping[str, sp.Symbol]
+    label: str
+    lines: tuple[bytes, ...]  # the text's lines as UTF-8 (ast offsets count bytes)
 
     # -- helpers
     def error(self, message: str) -> ModelDefinitionError:
         return ModelDefinitionError(f"{message}{self.label}: {_excerpt(self.text)}")
 
-    def source(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.text, node) or ast.unparse(node)
+    def source(self, node: ast.AST, limit: int = 100) -> str:
+        """The text of ``node`` (shortened to ``limit`` characters)."""
+        if node.lineno == node.end_lineno and node.lineno <= len(self.lines):  # the common case, O(length)
+            text = self.lines[node.lineno - 1][node.col_offset:node.end_col_offset].decode(errors="replace")
+        else:
+            text = ast.get_source_segment(self.text, node) or ast.unparse(node)
+        return text if len(text) <= limit else text[:limit] + "..."
 
     def finite(self, node: ast.AST, compute: Callable[[], float]) -> float:
         """Float value of a constant subexpression; a ModelDefinitionError if it is not finite and real."""
@@ -210,10 +217,10 @@ class _Translator:
             raise self.error(f"the complex constant {self.source(node)!r} is not allowed; equations are real")
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.error(f"only numeric constants are allowed, not {self.source(node)!r}")
-        literal = self.source(node)
         value = self.finite(node, lambda: v)
         if isinstance(v, int):
             return _Term(sp.Integer(v), value)
+        literal = self.source(node, limit=MAX_LENGTH)
         if value == 0.0 and any(c in "123456789" for c in literal.lower().split("e")[0]):
             raise self.error(f"the constant {literal!r} is too small for a 64-bit float (it would be 0)")
         if _significant_digits(literal) <= FLOAT_DIGITS:
@@ -395,7 +402,7 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol], *, where: str 
         raise ModelDefinitionError(
             f"the expression{label} nests deeper than {MAX_DEPTH} levels; split it or simplify it: {_excerpt(text, 60)}"
         )
-    translator = _Translator(text, symbols, label)
+    translator = _Translator(text, symbols, label, tuple(text.encode().split(b"\n")))
     try:
         expr = translator.value(tree.body).expr
         _check_finite(expr, label, text)
@@ -442,7 +449,7 @@ def check_expression(expr: sp.Basic, *, where: str = "") -> None:
     every system compiles, translates to PyTensor and writes back as strings.
     """
     label = f" in the {where}" if where else ""
-    if nesting_depth_sympy(expr) > 4 * MAX_DEPTH:
+    if _sympy_depth(expr) > 4 * MAX_DEPTH:
         raise ModelDefinitionError(f"the expression{label} nests deeper than {4 * MAX_DEPTH} levels")
     for node in sp.preorder_traversal(expr):
         if not isinstance(node, _SUPPORTED_CLASSES):
@@ -458,7 +465,7 @@ def check_expression(expr: sp.Basic, *, where: str = "") -> None:
     _check_finite(expr, label)
 
 
-def nesting_depth_sympy(expr: sp.Basic) -> int:
+def _sympy_depth(expr: sp.Basic) -> int:
     """Depth of a sympy expression tree (iterative)."""
     deepest, stack = 0, [(expr, 1)]
     while stack:
