@@ -110,7 +110,7 @@ def test_pytensor_rhs_matches_numeric(all_models):
 
 
 def test_models_load_by_name_and_match_method():
-    assert pgpgm.available_models() == ["fitzhugh-nagumo", "lotka-volterra", "protein-transduction"]
+    assert pgpgm.available_models() == ["fitzhugh-nagumo", "lotka-volterra", "pk-infusion", "protein-transduction"]
     lv = pgpgm.load_model("lotka-volterra")
     c = lv.case("x1-observed")
     assert c.observed == ("x1",) and c.gamma == 0.3 and c.kernel == "rbf" and c.noise_sd == 0.1
@@ -136,3 +136,75 @@ def test_model_file_round_trip(tmp_path):
     f.write_text('parameters = ["k"]\n[equations]\nx = "import os"\n')
     with pytest.raises(ModelDefinitionError, match="not an arithmetic expression"):
         pgpgm.load_model(f)
+
+
+# ------------------------------------------------------------------ lossless to_dict / from_dict
+ROUND_TRIP = {
+    "x": "x/3 - 0.1*y + 1.2345678901234567*a*x + abs(x - y)**1.5",
+    "y": "where(t < 2, a, 0) - min(x, y, 0.5) + max(x, 2/7) + exp(-x*y) + pi*x**2 - E**(y/3)",
+    "z": "where(x > 1, 0.1*3*x, y < 0.5, 1e-300, 0.12345678901234567890123) + x**(1/3) + 1/y**2 + log(1 + z)",
+}
+
+
+def _identical(a, b):
+    return a == b and sp.srepr(a) == sp.srepr(b)
+
+
+def test_to_dict_reads_back_identically():
+    import json
+
+    s = ODESystem.from_equations(ROUND_TRIP, ["a"], name="round trip")
+    d = json.loads(json.dumps(s.to_dict()))  # plain JSON data
+    assert set(d) == {"name", "states", "parameters", "equations"} and d["states"] == ["x", "y", "z"]
+    back = ODESystem.from_dict(d)
+    assert back.name == "round trip" and back.parameters == ("a",)
+    for e1, e2 in zip(s.expressions, back.expressions):
+        assert _identical(e1, e2), (e1, e2)
+    # the exact values survived: 1/3 is a fraction, the 17-digit literal its double,
+    # the 23-digit literal the exact decimal
+    x = sp.Symbol("x", real=True)
+    assert x / 3 in back.expressions[0].args
+    assert 1.2345678901234567 in {float(f) for f in back.expressions[0].atoms(sp.Float)}
+    assert sp.Rational("0.12345678901234567890123") in back.expressions[2].atoms(sp.Rational)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        X, t = rng.uniform(0.2, 2, 3), rng.uniform(0, 3)
+        np.testing.assert_array_equal(s.rhs(t, X, [0.7]), back.rhs(t, X, [0.7]))
+
+
+def test_to_dict_of_from_function_systems():
+    def rhs(t, y, p):
+        return {"u": 2 / 3 * y.u - 0.1 * 3 * y.v + sp.Rational(1, 3) * sp.Abs(y.u) ** 3,
+                "v": sp.Piecewise((p.k, t < 1), (0, True)) + sp.Min(y.u, y.v) - sp.exp(-p.k * t) / y.v**2}
+
+    s = ODESystem.from_function(rhs, ["u", "v"], ["k"])
+    back = ODESystem.from_dict(s.to_dict())
+    for e1, e2 in zip(s.expressions, back.expressions):
+        assert _identical(e1, e2), (e1, e2)
+    assert repr(2 / 3) in s.to_dict()["equations"]["u"]  # the double, every digit it needs
+
+
+def test_to_dict_rejects_what_the_language_cannot_spell():
+    with pytest.raises(ModelDefinitionError, match="erf is not part of the equation language"):
+        ODESystem.from_function(lambda t, y, p: [sp.erf(y.x)], ["x"], [])
+    with pytest.raises(ModelDefinitionError, match="otherwise"):
+        ODESystem.from_function(lambda t, y, p: [sp.Piecewise((y.x, t < 1))], ["x"], [])
+    with pytest.raises(ModelDefinitionError, match="cannot be written exactly"):
+        ODESystem.from_function(lambda t, y, p: [sp.Float("0.1", 30) * y.x], ["x"], []).to_dict()
+
+
+def test_from_dict_checks_its_input():
+    good = ODESystem.from_equations({"x": "-k*x"}, ["k"]).to_dict()
+    with pytest.raises(ModelDefinitionError, match="unknown \\['equation'\\]"):
+        ODESystem.from_dict({**{k: v for k, v in good.items() if k != "equations"}, "equation": {"x": "-k*x"}})
+    with pytest.raises(ModelDefinitionError, match="do not match"):
+        ODESystem.from_dict({**good, "states": ["y"]})
+    with pytest.raises(ModelDefinitionError, match="not allowed"):
+        ODESystem.from_dict({**good, "equations": {"x": "__import__('os').getcwd()"}})
+
+
+def test_names_must_be_lists_not_strings():
+    with pytest.raises(ModelDefinitionError, match="parameters must be a list of names, not the string 'ab'"):
+        ODESystem.from_equations({"x": "-a*x"}, "ab")
+    with pytest.raises(ModelDefinitionError, match="states must be a list of names, not the string 'xy'"):
+        ODESystem.from_function(lambda t, y, p: [-y[0]], "xy", [])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
@@ -20,11 +20,23 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, parse_expression
+from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, check_expression, format_expression, parse_expression
 from ..errors import ModelDefinitionError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"t"} | set(ALLOWED_FUNCTIONS) | set(ALLOWED_CONSTANTS)
+
+
+def _names(kind: str, names: Any) -> tuple[str, ...]:
+    """``names`` as a tuple of strings; a plain string or a non-sequence is a ModelDefinitionError."""
+    if isinstance(names, str | bytes):
+        raise ModelDefinitionError(
+            f"{kind} must be a list of names, not the string {names!r:.100}; write [{names!r:.100}] for a "
+            "single name, or list each name separately"
+        )
+    if isinstance(names, Mapping) or not isinstance(names, Iterable):
+        raise ModelDefinitionError(f"{kind} must be a list of names, got {type(names).__name__} {names!r:.100}")
+    return tuple(names)
 
 
 def _check_names(states: Sequence[str], parameters: Sequence[str]) -> None:
@@ -33,9 +45,9 @@ def _check_names(states: Sequence[str], parameters: Sequence[str]) -> None:
     for kind, names in (("state", states), ("parameter", parameters)):
         for n in names:
             if not isinstance(n, str) or not _NAME.match(n) or keyword.iskeyword(n):
-                raise ModelDefinitionError(f"{kind} name {n!r} is not a valid identifier")
+                raise ModelDefinitionError(f"{kind} name {n!r:.100} is not a valid identifier")
             if n in _RESERVED:
-                raise ModelDefinitionError(f"{kind} name {n!r} is reserved (time or a function name)")
+                raise ModelDefinitionError(f"{kind} name {n!r} is reserved (time, a function or a constant)")
     all_names = list(states) + list(parameters)
     dupes = sorted({n for n in all_names if all_names.count(n) > 1})
     if dupes:
@@ -91,22 +103,24 @@ class ODESystem:
         ----------
         equations
             ``{state: rhs}``, e.g. ``{"x1": "theta1*x1 - theta2*x1*x2", ...}``; the
-            dict order is the state order. Allowed: numbers, declared names, ``t``,
-            ``+ - * / **``, and ``exp log sqrt sin cos tan sinh cosh tanh asin acos
-            atan abs``. Anything else raises :class:`ModelDefinitionError`.
+            dict order is the state order. Allowed: numbers, declared names, the time
+            ``t``, ``pi``, ``E``, ``+ - * / **``, the functions ``exp log sqrt sin cos
+            tan sinh cosh tanh asin acos atan abs``, ``min(a, b, ...)``,
+            ``max(a, b, ...)`` and conditionals ``where(t < 2, dose, 0)`` (see
+            :mod:`pgpgm.ode.parse`). Anything else raises :class:`ModelDefinitionError`.
         parameters
-            Parameter names, in the order of theta.
+            Parameter names, in the order of theta (a list, not one string).
         """
         if not isinstance(equations, Mapping) or not equations:
             raise ModelDefinitionError("equations must be a non-empty mapping {state: expression}")
         states = tuple(equations)
-        parameters = tuple(parameters)
+        parameters = _names("parameters", parameters)
         _check_names(states, parameters)
         symbols = {n: sp.Symbol(n, real=True) for n in (*states, *parameters, "t")}
         exprs = tuple(
             parse_expression(equations[s], symbols, where=f"equation for {s}") for s in states
         )
-        return cls(states, parameters, exprs, name)
+        return cls(states, parameters, exprs, _label(name))
 
     @classmethod
     def from_function(
@@ -124,7 +138,7 @@ class ODESystem:
         (a sequence in state order, or a dict by state name). Use operators and sympy
         functions (``sympy.exp``), not numpy ones.
         """
-        states, parameters = tuple(states), tuple(parameters)
+        states, parameters = _names("states", states), _names("parameters", parameters)
         _check_names(states, parameters)
         sym = {n: sp.Symbol(n, real=True) for n in (*states, *parameters, "t")}
         y = _Names(states, [sym[s] for s in states])
@@ -149,8 +163,57 @@ class ODESystem:
             unknown = e.free_symbols - allowed
             if unknown:
                 raise ModelDefinitionError(f"rhs for {s} uses undeclared symbols {sorted(map(str, unknown))}")
+            check_expression(e, where=f"rhs for {s}")
             exprs.append(e)
-        return cls(states, parameters, tuple(exprs), name)
+        return cls(states, parameters, tuple(exprs), _label(name))
+
+    # ----------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """The system as plain data that :meth:`from_dict` reads back to an identical system.
+
+        Returns
+        -------
+        dict
+            ``{"name": str, "states": [str], "parameters": [str], "equations": {state: str}}``;
+            each equation string parses (with the safe parser, nothing evaluated) to the
+            very same sympy expression: exact fractions stay fractions, 64-bit floats are
+            written with every digit they need, ``where``/``min``/``max``/``abs`` keep
+            their form.
+
+        Raises
+        ------
+        ModelDefinitionError
+            If an expression cannot be written exactly (only possible for systems built
+            by :meth:`from_function` with sympy Floats of other than 64-bit precision).
+        """
+        equations = {s: format_expression(e) for s, e in zip(self.states, self.expressions)}
+        back = ODESystem.from_equations(equations, self.parameters, name=self.name)
+        lost = [s for s, a, b in zip(self.states, self.expressions, back.expressions) if a != b]
+        if lost:
+            raise ModelDefinitionError(f"the equations for {lost} do not read back identically from {equations}")
+        return {"name": self.name, "states": list(self.states), "parameters": list(self.parameters),
+                "equations": equations}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ODESystem:
+        """The system written by :meth:`to_dict` (equations parsed safely, nothing evaluated)."""
+        if not isinstance(data, Mapping):
+            raise ModelDefinitionError(f"a system is stored as a mapping, got {type(data).__name__}")
+        known = {"name", "states", "parameters", "equations"}
+        unknown = sorted(set(data) - known)
+        missing = sorted({"parameters", "equations"} - set(data))
+        if unknown or missing:
+            raise ModelDefinitionError(
+                f"a stored system has the keys {sorted(known)}; unknown {unknown}, missing {missing}"
+            )
+        equations = data["equations"]
+        if not isinstance(equations, Mapping):
+            raise ModelDefinitionError(f"'equations' must map state names to strings, got {type(equations).__name__}")
+        if "states" in data and list(_names("states", data["states"])) != list(equations):
+            raise ModelDefinitionError(
+                f"'states' {list(data['states'])} do not match the equations' states {list(equations)}"
+            )
+        return cls.from_equations(equations, data["parameters"], name=data.get("name", "ode"))
 
     # ----------------------------------------------------------------- symbols
     @property
@@ -236,13 +299,35 @@ class ODESystem:
         Returns
         -------
         list of S tensors of shape (N,), in state order.
+
+        Notes
+        -----
+        The translation is done by ``sympytensor`` (every function of the equation
+        language: ``where`` becomes ``pt.switch``, ``min``/``max`` ``pt.minimum``/
+        ``pt.maximum``, comparisons and ``&``/``|`` their element-wise counterparts).
         """
         import pytensor.tensor as pt
 
         ts, xs, ps = self._symbols
-        subs = {ts: t, **{s: states[s.name] for s in xs}}
-        subs.update({p: theta[i] for i, p in enumerate(ps)})
-        return [_to_pytensor(e, subs, pt) for e in self.expressions]
+        given = {ts: pt.as_tensor_variable(t)}
+        given.update({x: pt.as_tensor_variable(states[x.name]) for x in xs})
+        given.update({q: pt.as_tensor_variable(theta)[k] for k, q in enumerate(ps)})
+        dtypes = {sym: v.dtype for sym, v in given.items()}
+        shapes = {sym: v.type.shape for sym, v in given.items()}
+        outs = []
+        for e in self.expressions:
+            # One printer per equation (no node shared between equations, as the graph was always
+            # built), its cache primed with the given tensors under the keys sympytensor documents
+            # for symbols: (name, type, args, dtype, shape, dummy_index).
+            cache = {(sym.name, type(sym), sym.args, dtypes[sym], shapes[sym], None): v for sym, v in given.items()}
+            printer = _pytensor_printer(cache)
+            outs.append(pt.as_tensor_variable(printer.doprint(e, dtypes=dtypes, broadcastables=shapes)))
+            if len(cache) != len(given):
+                raise ModelDefinitionError(f"sympytensor made variables {list(cache)[len(given):]} for {e}")
+        dtype = given[ts].dtype
+        n = given[ts].shape[0]
+        outs = [o if o.dtype == dtype else pt.cast(o, dtype) for o in outs]
+        return [o if o.type.ndim == 1 else pt.broadcast_to(o, (n,)) for o in outs]
 
     def __reduce__(self):  # derived kernels (compiled code) are rebuilt, not pickled
         return (type(self), (self.states, self.parameters, self.expressions, self.name))
@@ -252,37 +337,36 @@ class ODESystem:
         return f"ODESystem({self.name!r}: {eqs}; parameters {list(self.parameters)})"
 
 
-_PT_FUNCS = {
-    sp.exp: "exp", sp.log: "log", sp.sin: "sin", sp.cos: "cos", sp.tan: "tan",
-    sp.sinh: "sinh", sp.cosh: "cosh", sp.tanh: "tanh", sp.asin: "arcsin",
-    sp.acos: "arccos", sp.atan: "arctan", sp.Abs: "abs",
-}
+def _label(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ModelDefinitionError(f"a system's name must be a non-empty string, got {name!r:.100}")
+    return name
 
 
-def _to_pytensor(expr: sp.Expr, subs: Mapping[sp.Symbol, Any], pt) -> Any:
-    """Translate a sympy expression tree into PyTensor operations."""
-    if expr in subs:
-        return subs[expr]
-    if expr.is_Number or expr in (sp.pi, sp.E):
-        return pt.constant(float(expr))
-    args = [_to_pytensor(a, subs, pt) for a in expr.args]
-    if expr.is_Add:
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if expr.is_Mul:
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if expr.is_Pow:
-        base, exp_ = expr.args
-        if exp_ == sp.Rational(1, 2):
-            return pt.sqrt(args[0])
-        if exp_.is_Integer and abs(int(exp_)) <= 4:
-            return args[0] ** int(exp_)
-        return args[0] ** args[1]
-    if expr.func in _PT_FUNCS:
-        return getattr(pt, _PT_FUNCS[expr.func])(*args)
-    raise ModelDefinitionError(f"cannot translate {expr.func} to PyTensor")
+def _pytensor_printer(cache: dict):
+    """A sympytensor printer with its own ``cache``, building sums, products and powers as
+    pgpgm always has (left-to-right binary operations, ``sqrt`` for ``**(1/2)``), so the
+    density's graph and its gradient stay bit-for-bit what they were."""
+    from functools import reduce
+
+    import pytensor.tensor as pt
+    from sympytensor.pytensor import PytensorPrinter
+
+    class Printer(PytensorPrinter):
+        def _print_Add(self, expr, **kwargs):
+            return reduce(lambda a, b: a + b, [self._print(a, **kwargs) for a in expr.args])
+
+        def _print_Mul(self, expr, **kwargs):
+            return reduce(lambda a, b: a * b, [self._print(a, **kwargs) for a in expr.args])
+
+        def _print_Pow(self, expr, **kwargs):
+            base = pt.as_tensor_variable(self._print(expr.base, **kwargs))
+            if expr.exp == sp.S.Half:
+                return pt.sqrt(base)
+            if expr.exp.is_Integer and abs(int(expr.exp)) <= 4:
+                return base ** int(expr.exp)
+            if expr.exp.is_number:
+                return base ** pt.constant(float(expr.exp))
+            return base ** pt.as_tensor_variable(self._print(expr.exp, **kwargs))
+
+    return Printer(cache=cache)
