@@ -167,15 +167,12 @@ _GROUPS = ("pgpgm_estimates", "pgpgm_trajectories")
 
 def _encode_system(system: ODESystem) -> str:
     """The system as the text stored in a result file (read back by :func:`_decode_system`)."""
-    return json.dumps({"name": system.name, "parameters": list(system.parameters),
-                       "equations": {s: str(e) for s, e in zip(system.states, system.expressions)}})
+    return json.dumps(system.to_dict())
 
 
 def _decode_system(text: str) -> ODESystem:
     """The system stored by :func:`_encode_system`."""
-    d = json.loads(text)
-    eqs = {s: e.replace("Abs(", "abs(") for s, e in d["equations"].items()}
-    return ODESystem.from_equations(eqs, d["parameters"], name=d["name"])
+    return ODESystem.from_dict(json.loads(text))
 
 
 def _to_tree(result: FitResult) -> xr.DataTree:

@@ -240,14 +240,15 @@ def test_heavy_inputs_finish_quickly_in_a_subprocess():
 # ------------------------------------------------------------------ a failing right-hand side
 SQRT_SCRIPT = textwrap.dedent("""
     import json, numpy as np, pgpgm
-    from pgpgm.solve.base import ODESolver
     s = pgpgm.ODESystem.from_equations({"u": "-a*u + sqrt(v)", "v": "-b"}, ["a", "b"])
     out = {}
-    for backend in pgpgm.available_backends():
+    names = {"cvode": "cvode", "sksundae": "sksundae", "lsoda": "scipy"}
+    for cls in pgpgm.available_solvers():
+        backend = names[cls.name]
         for grid in ("ends", "fine"):
             times = np.array([0.0, 2.0]) if grid == "ends" else np.linspace(0, 2, 11)
             for method in ("solve", "solve_sensitivities"):
-                solver = ODESolver(s, times, backend=backend)
+                solver = pgpgm.Integrator(s, times, cls())
                 try:
                     r = getattr(solver, method)([1.0, 1.0], [1.0, 0.5])
                     x = r[0] if isinstance(r, tuple) else r
@@ -273,15 +274,8 @@ def test_a_failing_callback_prints_no_ignored_exception(sqrt_solves):
     assert "Exception ignored" not in stderr and "ZeroDivisionError" not in stderr
 
 
-# The compiled CVODE backend still returns a wrong finite solution for the sensitivity
-# solve to t = 2: CVODE creeps towards v = 0 with steps below the resolution of t (its
-# "t + h = t" warning, silenced in pgpgm/solve/base.py) and reports success. The fix is
-# a minimum step (CVodeSetMinStep) in pgpgm/solve, owned elsewhere.
-_PENDING_HMIN = pytest.mark.xfail(strict=True, reason="needs CVodeSetMinStep in pgpgm/solve/base.py")
-
-
 @pytest.mark.parametrize("key", [
-    "cvode-ends-solve", pytest.param("cvode-ends-solve_sensitivities", marks=_PENDING_HMIN),
+    "cvode-ends-solve", "cvode-ends-solve_sensitivities",
     "cvode-fine-solve", "cvode-fine-solve_sensitivities",
     "sksundae-ends-solve", "sksundae-ends-solve_sensitivities", "sksundae-fine-solve",
     "sksundae-fine-solve_sensitivities",

@@ -14,10 +14,10 @@ import sympy as sp
 from scipy.integrate import solve_ivp
 
 import pgpgm
-from pgpgm import ODESolver, ODESystem, SolverOptions
+from pgpgm import CVODE, LSODA, Integrator, ODESystem, SksundaeCVODE
 from pgpgm.ode.parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS
 
-TIGHT = SolverOptions(rtol=1e-10, atol=1e-12)
+TIGHT = CVODE(rtol=1e-10, atol=1e-12)
 
 # One right-hand side per language element (state z_<key>), with a numpy reference
 # f(x, y, a, t). The states x, y (in (0.1, 2.5)) and the parameter a feed them all.
@@ -155,7 +155,7 @@ def test_saturating_elimination_min_against_analytic_solution():
     a, x0 = 0.8, 3.0
     t = np.linspace(0, 6, 61)
     t1 = (x0 - 1) / a
-    x, dth, dx0 = ODESolver(s, t, options=TIGHT).solve_sensitivities([a], [x0])
+    x, dth, dx0 = Integrator(s, t, TIGHT).solve_sensitivities([a], [x0])
     exact = np.where(t < t1, x0 - a * t, np.exp(-a * (t - t1)))
     # d/da: before t1 -t; after, d/da exp(-a t + (x0 - 1)) = -t exp(...)
     d_da = np.where(t < t1, -t, -t * np.exp(-a * (t - t1)))
@@ -200,7 +200,7 @@ def test_dosing_model_written_with_where(dosing):
 
 def test_dosing_solution_matches_segmentwise_scipy_and_analytic(dosing):
     c = dosing.case()
-    x = ODESolver(dosing.system, c.times, options=TIGHT).solve(c.theta, c.x0)
+    x = Integrator(dosing.system, c.times, TIGHT).solve(c.theta, c.x0)
     ref = _dosing_reference(c.theta, c.x0, c.times)
     np.testing.assert_allclose(x, ref, rtol=1e-7, atol=1e-9)
     # C(t) in closed form: on each segment C -> rate/CL + (C(lo) - rate/CL) exp(-k (t - lo))
@@ -216,14 +216,14 @@ def test_dosing_solution_matches_segmentwise_scipy_and_analytic(dosing):
 
 def test_dosing_sensitivities_match_finite_differences_of_scipy(dosing):
     c = dosing.case()
-    _, dth, dx0 = ODESolver(dosing.system, c.times, options=TIGHT).solve_sensitivities(c.theta, c.x0)
+    _, dth, dx0 = Integrator(dosing.system, c.times, TIGHT).solve_sensitivities(c.theta, c.x0)
     for k in range(3):
         h = 1e-5 * c.theta[k]
         e = np.zeros(3); e[k] = h
         fd = (_dosing_reference(c.theta + e, c.x0, c.times) - _dosing_reference(c.theta - e, c.x0, c.times)) / (2 * h)
         np.testing.assert_allclose(dth[:, :, k], fd, rtol=1e-5, atol=1e-6, err_msg=dosing.system.parameters[k])
     x0 = np.array([0.5, 0.2])
-    _, _, dx0 = ODESolver(dosing.system, c.times, options=TIGHT).solve_sensitivities(c.theta, x0)
+    _, _, dx0 = Integrator(dosing.system, c.times, TIGHT).solve_sensitivities(c.theta, x0)
     for j in range(2):
         e = np.zeros(2); e[j] = 1e-5
         fd = (_dosing_reference(c.theta, x0 + e, c.times) - _dosing_reference(c.theta, x0 - e, c.times)) / 2e-5
@@ -247,10 +247,10 @@ def test_dosing_jacobian_matches_finite_differences_on_both_sides_of_a_switch(do
         np.testing.assert_allclose(s.rhs(t, x, theta)[0], rate / theta[1] - theta[0] / theta[1] * x[0], rtol=1e-14)
 
 
-@pytest.mark.parametrize("backend", ["sksundae", "scipy"])
-def test_dosing_other_backends_agree(dosing, backend):
-    if backend not in pgpgm.available_backends():
-        pytest.skip(f"{backend} not installed")
+@pytest.mark.parametrize("cls", [SksundaeCVODE, LSODA])
+def test_dosing_other_backends_agree(dosing, cls):
+    if not cls.available():
+        pytest.skip(f"{cls.name} not installed")
     c = dosing.case()
-    x = ODESolver(dosing.system, c.times, backend=backend, options=TIGHT).solve(c.theta, c.x0)
+    x = Integrator(dosing.system, c.times, cls(rtol=1e-10, atol=1e-12)).solve(c.theta, c.x0)
     np.testing.assert_allclose(x, _dosing_reference(c.theta, c.x0, c.times), rtol=1e-6, atol=1e-8)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelDefinitionError
+from ..priors import DEFAULT_BOUNDS
 from .system import ODESystem
 
 
@@ -231,7 +232,8 @@ def spec_from_dict(doc: Mapping[str, Any]) -> ModelSpec:
     for cname, over in cases_doc.items():
         where = f"[cases.{cname}]"
         d = {**base, **_check_keys(over, EXPERIMENT_KEYS, where)}
-        pri = _check_keys(d.get("priors", {"lower": 0.0, "upper": 10.0}), PRIOR_KEYS, f"{where} priors")
+        default = {"lower": DEFAULT_BOUNDS[0], "upper": DEFAULT_BOUNDS[1]}
+        pri = _check_keys(d.get("priors", default), PRIOR_KEYS, f"{where} priors")
         if set(pri) != set(PRIOR_KEYS):
             raise ModelDefinitionError(f"{where} priors needs both 'lower' and 'upper', got {sorted(pri)}")
         P, S = system.n_parameters, system.n_states

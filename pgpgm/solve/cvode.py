@@ -119,6 +119,7 @@ def _address_prototypes(lib) -> SimpleNamespace:
         "CVodeSetMaxNumSteps": (i32, a, ctypes.c_long),
         "CVodeSetMaxHnilWarns": (i32, a, i32),
         "CVodeSetStopTime": (i32, a, f64),
+        "CVodeSetMinStep": (i32, a, f64),
         "CVode": (i32, a, f64, a, a, i32),
         "CVodeFree": (none, a),
     }
@@ -151,7 +152,7 @@ def cvode_kernel():
     mat_new, mat_free, ls_new, ls_free = f.SUNDenseMatrix, f.SUNMatDestroy, f.SUNLinSol_Dense, f.SUNLinSolFree
     cv_create, cv_init, cv_tol, cv_data = f.CVodeCreate, f.CVodeInit, f.CVodeSStolerances, f.CVodeSetUserData
     cv_ls, cv_jac, cv_steps, cv_hnil = f.CVodeSetLinearSolver, f.CVodeSetJacFn, f.CVodeSetMaxNumSteps, f.CVodeSetMaxHnilWarns
-    cv_stop, cv_step, cv_free = f.CVodeSetStopTime, f.CVode, f.CVodeFree
+    cv_stop, cv_step, cv_free, cv_hmin = f.CVodeSetStopTime, f.CVode, f.CVodeFree, f.CVodeSetMinStep
     bdf, normal = sundials.CV_BDF, sundials.CV_NORMAL
 
     @numba.njit(cache=False)
@@ -180,9 +181,12 @@ def cvode_kernel():
             for j in range(n):
                 yv[j] = y0[j]
                 out[0, j] = y0[j]
+            # a step too small to move t (t + h = t) is a failure, not a crawl that ends in wrong
+            # numbers: e.g. a state creeping towards the edge of the right-hand side's domain
+            hmin = 16.0 * 2.220446049250313e-16 * max(abs(times[0]), abs(times[N - 1]))
             bad = (cv_init(mem, rhs, times[0], y) | cv_tol(mem, rtol, atol) | cv_data(mem, scratch.ctypes.data)
                    | cv_ls(mem, LS, A) | cv_jac(mem, jac) | cv_steps(mem, max_steps) | cv_hnil(mem, -1)
-                   | cv_stop(mem, times[N - 1]))
+                   | cv_stop(mem, times[N - 1]) | cv_hmin(mem, hmin))
             flag = SETUP_FAILED if bad != 0 else 0
             index = 1
             while flag >= 0 and index < N:

@@ -63,6 +63,7 @@ _SIGNATURES = {
     "CVodeSetJacFn": (_int, [_vp, _vp]),
     "CVodeSetMaxNumSteps": (_int, [_vp, _long]),
     "CVodeSetStopTime": (_int, [_vp, _real]),
+    "CVodeSetMinStep": (_int, [_vp, _real]),
     "CVodeSetMaxHnilWarns": (_int, [_vp, _int]),
     "CVode": (_int, [_vp, _real, _vp, ctypes.POINTER(_real), _int]),
     "CVodeGetNumSteps": (_int, [_vp, ctypes.POINTER(_long)]),
