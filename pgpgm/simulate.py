@@ -70,7 +70,8 @@ def simulate(
     if noise_sd is not None:
         nsd = as_float_array(noise_sd, "noise_sd")
         if nsd.ndim > 1 or nsd.size not in (1, len(idx)):
-            raise DataError(f"noise_sd must be one number or {len(idx)} (one per observed state), got shape {nsd.shape}")
+            raise DataError(f"noise_sd must be one number or {len(idx)} (one per observed state), "
+                            f"got shape {nsd.shape}")
         if np.any(~np.isfinite(nsd)) or np.any(nsd < 0):
             raise DataError(f"noise_sd must be finite and non-negative, got {nsd.tolist()}")
     if not (seed is None or isinstance(seed, np.random.Generator)
