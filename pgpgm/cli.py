@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
     instead of printing the usage and exiting."""
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def _count(minimum: int):

@@ -53,6 +53,8 @@ def as_float_array(values, name: str) -> np.ndarray:
     """
     if isinstance(values, (str, bytes)):
         raise DataError(f"{name} must be numbers, got the text {values[:40]!r}")
+    if isinstance(values, (Mapping, set)):
+        raise DataError(f"{name} must be numbers, got a {type(values).__name__}")
     if isinstance(values, (pd.Series, pd.Index)):
         values = (values.to_numpy(dtype=object) if isinstance(values.dtype, pd.api.extensions.ExtensionDtype)
                   else values.to_numpy())
@@ -68,13 +70,13 @@ def as_float_array(values, name: str) -> np.ndarray:
                         "(e.g. hours since the first measurement)")
     if kind == "c":
         raise DataError(f"{name} are complex numbers; pgpgm fits real-valued data only")
-    if kind in "US":
-        raise DataError(f"{name} contain text (e.g. {a.flat[0]!r} at row 0); give numbers only")
+    if kind in "US":  # text: numbers written as text are read, anything else names its row below
+        a = a.astype(object)
     if kind == "V":
         raise DataError(f"{name} are a structured array; pass one numeric column")
     if kind in "iuf":
         return a.astype(np.float64)
-    # object arrays: convert element by element and name the first bad row
+    # object and text arrays: convert element by element and name the first bad row
     out = np.empty(a.shape, dtype=np.float64)
     for pos, v in np.ndenumerate(a):
         row = pos[0] if pos else 0
