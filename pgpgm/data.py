@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .errors import DataError
+from .errors import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
     from .ode.system import ODESystem
@@ -181,8 +181,8 @@ def _observed_names(observed, available: Sequence[str], system: ODESystem) -> tu
         raise DataError(f"no observed state: give observed=[...] with some of {list(system.states)} and data for them")
     unknown = [n for n in names if n not in system.states]
     if unknown:
-        raise DataError(f"observed state(s) {unknown} are not states of {system.name}; its states are "
-                        f"{list(system.states)}")
+        raise ModelDefinitionError(f"unknown state(s) {unknown} in observed; the states of {system.name} are "
+                                   f"{list(system.states)}")
     if len(set(names)) != len(names):
         raise DataError(f"observed states are repeated in {list(names)}; name each once")
     return names
@@ -206,8 +206,10 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
 
     Raises
     ------
+    ModelDefinitionError
+        for an observed name that is not a state of ``system``.
     DataError
-        naming the state, column or row of any unusable input: unknown or missing states,
+        naming the state, column or row of any unusable input: missing states,
         text/booleans/datetimes/complex/object values, columns that are not 1-D, lengths
         that differ from the times, NaN/inf, times not strictly increasing, fewer than 3 times.
     """

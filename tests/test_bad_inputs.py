@@ -82,8 +82,8 @@ DATA_CASES = [
      "repeated columns ['x2']"),
     ("non-text column name", {"time": T, 3: Y}, ["x2"], DataError, "column names must be state names"),
     ("column of an unknown state", _with(z=Y), ["x2"], DataError, "data columns ['z'] are not states"),
-    ("observed: unknown state as a string", _with(), "zz", DataError, "observed state(s) ['zz'] are not states"),
-    ("observed: a string of several states", _with(), "x1x2", DataError, "['x1x2'] are not states"),
+    ("observed: unknown state as a string", _with(), "zz", ModelDefinitionError, "unknown state(s) ['zz'] in observed"),
+    ("observed: a string of several states", _with(), "x1x2", ModelDefinitionError, "unknown state(s) ['x1x2']"),
     ("observed: state without data", _with(), ["x1"], DataError, "observed states ['x1'] have no data"),
     ("observed: empty list", _with(), [], DataError, "no observed state"),
     ("observed: repeated", _with(), ["x2", "x2"], DataError, "repeated"),
@@ -195,7 +195,7 @@ FIT_CASES = [
     ("x0 NaN for the latent state", {"x0": {"x1": np.nan}}, DataError, "latent states ['x1']"),
     ("true_theta wrong length", {"true_theta": [1.0]}, DataError, "true_theta must be 4 finite numbers"),
     ("data (20, 2) for one state", {"data": _with(x2=np.ones((20, 2)))}, DataError, "must be 1-D"),
-    ("observed unknown state", {"observed": "x3"}, DataError, "['x3'] are not states"),
+    ("observed unknown state", {"observed": "x3"}, ModelDefinitionError, "unknown state(s) ['x3'] in observed"),
 ]
 
 

@@ -105,14 +105,14 @@ ARG_CASES = [
     ("unknown option", ["--bogus"], "unrecognized arguments: --bogus"),
     ("posterior choice", ["--posterior", "mcmc"], "argument --posterior: invalid choice"),
     ("kernel unknown", ["--kernel", "gauss"], "unknown kernel 'gauss'"),
-    ("observe unknown state", ["--observe", "zz"], "observed state(s) ['zz'] are not states of decay"),
+    ("observe unknown state", ["--observe", "zz"], "unknown state(s) ['zz'] in observed; the states of decay"),
 ]
 
 
 @pytest.mark.parametrize("extra, fragment", [c[1:] for c in ARG_CASES], ids=[c[0] for c in ARG_CASES])
 def test_bad_arguments(files, monkeypatch, capsys, extra, fragment):
     tmp_path, _ = files
-    if "kernel" not in fragment and "observed" not in fragment:  # these two are found by fit's own checks
+    if "kernel" not in fragment and "in observed" not in fragment:  # these two are found by fit's own checks
         monkeypatch.setattr(pgpgm, "fit", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fit ran")))
     assert main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra)) == 2
     err = capsys.readouterr().err
