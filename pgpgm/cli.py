@@ -3,59 +3,127 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
 
 
+EXIT_OK, EXIT_FIT_FAILED, EXIT_USAGE = 0, 1, 2  # exit codes: success, a failed fit, a usage or input error
+
+
+class UsageError(Exception):
+    """A command-line or input problem found before the fit (exit code 2)."""
+
+
+class FitFailed(Exception):
+    """The fit itself failed (exit code 1); the cause is chained."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an argument error raises :class:`UsageError` (main prints one line, exit 2)
+    instead of printing the usage and exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def _real(*, positive: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not np.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"{text} must be finite and {'> 0' if positive else '>= 0'}")
+        return value
+
+    parse.__name__ = "positive number" if positive else "non-negative number"
+    return parse
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not np.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} must be finite")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pgpgm", description="Parameter inference for partially observed ODE systems "
-                                "(GP gradient matching + CVODE latent states + least-squares refinement).")
+    p = _Parser(prog="pgpgm", description="Parameter inference for partially observed ODE systems "
+                "(GP gradient matching + CVODE latent states + least-squares refinement). Exit codes: 0 success, "
+                "1 the fit failed, 2 a usage or input error.")
+    p.add_argument("--debug", action="store_true", help="print tracebacks of errors (also: PGPGM_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
+    debug = _Parser(add_help=False)  # lets every subcommand take --debug after its name too
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print tracebacks of errors (also: PGPGM_DEBUG=1)")
 
     def sampling_options(q):
-        q.add_argument("--draws", type=int, default=None, help="kept MCMC iterations per chain (default: published "
+        q.add_argument("--draws", type=_count(1), default=None, help="kept MCMC iterations per chain (default: "
+                       "published "
                        "iterations minus burn-in)")
-        q.add_argument("--tune", type=int, default=1500, help="burn-in iterations per chain (default 1500)")
-        q.add_argument("--chains", type=int, default=2, help="independent chains; the first starts at the prior "
+        q.add_argument("--tune", type=_count(0), default=1500, help="burn-in iterations per chain (default 1500)")
+        q.add_argument("--chains", type=_count(1), default=2, help="independent chains; the first starts at the prior "
                        "midpoint, the others at prior draws, and refinement starts from each (default 2)")
-        q.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampler (default 0)")
+        q.add_argument("--seed", type=_count(0), default=0, help="seed of the noise and of the sampler (default 0)")
         q.add_argument("--out", type=Path, default=None, help="output folder (default results/<name>)")
         q.add_argument("--no-progress", action="store_true", help="hide the progress bar")
         q.add_argument("--posterior", choices=("nuts", "laplace", "none"), default="nuts",
                        help="step 4: NUTS on the ODE model from the refined optimum (default), its Laplace "
                        "approximation, or none")
-        q.add_argument("--posterior-draws", type=int, default=500, help="NUTS draws per chain (default 500)")
-        q.add_argument("--posterior-tune", type=int, default=500, help="NUTS tuning steps per chain (default 500)")
-        q.add_argument("--posterior-chains", type=int, default=4, help="NUTS chains (default 4)")
+        q.add_argument("--posterior-draws", type=_count(1), default=500, help="NUTS draws per chain (default 500)")
+        q.add_argument("--posterior-tune", type=_count(0), default=500,
+                       help="NUTS tuning steps per chain (default 500)")
+        q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
 
-    r = sub.add_parser("run", help="reproduce a published experiment: simulate, fit, write figures and table")
+    r = sub.add_parser("run", parents=[debug],
+                       help="reproduce a published experiment: simulate, fit, write figures and table")
     r.add_argument("model", help="model name (see `pgpgm list`) or a TOML model file")
     r.add_argument("--case", default=None, help="experiment case, e.g. x2-observed (default: the first)")
     r.add_argument("--observe", nargs="+", default=None, help="override the observed states")
-    r.add_argument("--noise-sd", type=float, default=None, help="override the noise sd")
+    r.add_argument("--noise-sd", type=_real(positive=True), default=None, help="override the noise sd")
     sampling_options(r)
 
-    f = sub.add_parser("fit", help="fit a model file to a tidy CSV (columns time,state,value)")
+    f = sub.add_parser("fit", parents=[debug], help="fit a model file to a tidy CSV (columns time,state,value)")
     f.add_argument("--model", required=True, type=Path, help="TOML model file ([equations], parameters, ...)")
     f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value")
     f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
     f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE", help="initial values of latent states")
     f.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
-    f.add_argument("--gamma", type=float, default=None, help="gradient-matching mismatch variance (default 0.3)")
-    f.add_argument("--bounds", nargs=2, type=float, default=None, metavar=("LOWER", "UPPER"),
+    f.add_argument("--gamma", type=_real(), default=None, help="gradient-matching mismatch variance (default 0.3)")
+    f.add_argument("--bounds", nargs=2, type=_finite, default=None, metavar=("LOWER", "UPPER"),
                    help="uniform prior bounds for every parameter (default: the file's or 0 10)")
     sampling_options(f)
 
-    s = sub.add_parser("sensitivity", help="print and write the sensitivity-index table of a model")
+    s = sub.add_parser("sensitivity", parents=[debug], help="print and write the sensitivity-index table of a model")
     s.add_argument("model", help="model name or TOML file")
     s.add_argument("--case", default=None, help="case whose theta and x0 are used")
-    s.add_argument("--t-span", nargs=2, type=float, default=None, help="interval (default: the case's times)")
+    s.add_argument("--t-span", nargs=2, type=_finite, default=None, help="interval (default: the case's times)")
     s.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
 
-    sub.add_parser("list", help="list the shipped models and their cases")
-    sub.add_parser("info", help="print versions, the SUNDIALS library, the ODE backend a fit will use and the "
+    sub.add_parser("list", parents=[debug], help="list the shipped models and their cases")
+    sub.add_parser("info", parents=[debug], help="print versions, the SUNDIALS library, the ODE backend a fit will use "
+                   "and the "
                    "cache folders (paste into bug reports)")
     return p
 
@@ -102,16 +170,16 @@ def _run(a) -> int:
     spec = pgpgm.load_model(a.model)
     case = spec.case(a.case)
     observed = a.observe or list(case.observed)
+    out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_{case.name}")
     if a.noise_sd is not None:
         data = pgpgm.simulate(spec.system, case.theta, case.x0, case.times, observed=observed, noise_sd=a.noise_sd,
                               seed=a.seed)
     else:
         data = spec.simulate(case.name, seed=a.seed, observed=observed)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
-    result = pgpgm.fit(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma, priors=spec.priors(case.name),
-                       draws=draws, tune=a.tune, chains=a.chains, seed=a.seed, progressbar=not a.no_progress,
-                       **_posterior_options(a))
-    out = a.out or Path("results") / f"{spec.system.name}_{case.name}"
+    result = _fit_or_fail(spec.system, data, observed, kernel=case.kernel, gamma=case.gamma,
+                          priors=spec.priors(case.name), draws=draws, tune=a.tune, chains=a.chains, seed=a.seed,
+                          progressbar=not a.no_progress, **_posterior_options(a))
     extra = []
     if "least_squares_bad_start" in case.extra:  # the published local-minimum example
         from .refine import LeastSquaresProblem, refine
@@ -124,40 +192,166 @@ def _run(a) -> int:
         extra = [f"least squares alone from {start.tolist()}: theta = {np.round(lsq.theta, 4).tolist()}, "
                  f"cost {lsq.cost:.1f}; pgpgm: cost {problem.cost(result.theta):.1f}"]
     _write_outputs(result, out, f"{spec.system.name}, case {case.name} (observed {', '.join(observed)})", extra)
-    return 0
+    return EXIT_OK
+
+
+def _fit_or_fail(*args, **kwargs):
+    """:func:`pgpgm.fit`; an input error it finds stays an input error (exit 2), any other
+    failure inside the fit becomes :class:`FitFailed` (exit 1)."""
+    import pgpgm
+    from .errors import DataError, ModelDefinitionError
+
+    try:
+        return pgpgm.fit(*args, **kwargs)
+    except (DataError, ModelDefinitionError):
+        raise
+    except Exception as exc:
+        raise FitFailed(f"the fit failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_out_folder(out: Path) -> Path:
+    """An output folder that exists as a writable folder, or can be created; checked
+    before the fit so that a bad ``--out`` costs nothing."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder; give a folder for the outputs")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out} is not writable ({parent} does not allow writing); choose another folder")
+    return out
+
+
+def _check_out_file(out: Path) -> Path:
+    """An output file path whose folder exists or can be created (checked before any work)."""
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'sensitivity.csv'}")
+    _check_out_folder(out.parent)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"--out {out} is not writable")
+    return out
+
+
+def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
+    """A tidy CSV (columns ``time,state,value``, one row per measurement) as ``{"time": t, state: values}``.
+
+    Every row is checked, and an error names the CSV line: a time or value that is empty,
+    ``nan``, infinite or not a number, a state the model does not have (``states``), two
+    different values for one (time, state) (both lines are named; identical repeats are
+    kept once), and a state without a value at some of the times (gaps; the times are named).
+
+    Raises
+    ------
+    UsageError
+        for an unreadable, empty or binary file and for every problem above.
+    """
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text CSV file (binary content); give a CSV with columns time,state,value")
+    except csv.Error as exc:
+        raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
+    if any("\0" in c for row in rows for c in row):
+        raise UsageError(f"{path}: not a text CSV file (binary content); give a CSV with columns time,state,value")
+    lines = [(n, [c.strip() for c in row]) for n, row in enumerate(rows, start=1) if any(c.strip() for c in row)]
+    if not lines:
+        raise UsageError(f"{path}: the file is empty; give a CSV with the header time,state,value and one row per "
+                         "measurement")
+    header_line, header = lines[0]
+    missing = [c for c in ("time", "state", "value") if c not in header]
+    if missing:
+        raise UsageError(f"{path}: missing columns {missing} in the header (line {header_line}: {header}); expected "
+                         "a tidy CSV time,state,value")
+    col = {c: header.index(c) for c in ("time", "state", "value")}
+    seen: dict[tuple[float, str], tuple[int, float]] = {}
+    for n, row in lines[1:]:
+        if len(row) != len(header):
+            raise UsageError(f"{path} line {n}: {len(row)} fields, the header has {len(header)}")
+        state = row[col["state"]]
+        if not state:
+            raise UsageError(f"{path} line {n}: the state is empty")
+        if state not in states:
+            raise UsageError(f"{path} line {n}: state {state!r} is not a state of the model {list(states)}; "
+                             "fix the name or remove its rows")
+        number = {}
+        for c in ("time", "value"):
+            text = row[col[c]]
+            try:
+                number[c] = float(text)
+            except ValueError:
+                number[c] = None
+            if number[c] is None or not np.isfinite(number[c]):
+                what = ("missing" if text.lower() in ("", "nan", "na", "none", "null")
+                        else f"not a finite number ({text!r})")
+                raise UsageError(f"{path} line {n}: the {c} of state {state} is {what}; every row needs a finite "
+                                 f"{c} (remove the row, and that time for every observed state)")
+        key = (number["time"], state)
+        if key in seen and seen[key][1] != number["value"]:
+            raise UsageError(f"{path} lines {seen[key][0]} and {n}: two different values ({seen[key][1]} and "
+                             f"{number['value']}) for state {state} at time {key[0]}; keep one (e.g. their mean)")
+        seen.setdefault(key, (n, number["value"]))
+    if not seen:
+        raise UsageError(f"{path}: no data rows after the header")
+    times = np.array(sorted({t for t, _ in seen}))
+    data = {"time": times}
+    for state in dict.fromkeys(s for _, s in seen):
+        have = {t for t, s in seen if s == state}
+        gaps = [t for t in times if t not in have]
+        if gaps:
+            shown = [float(t) for t in gaps[:5]] + (["..."] if len(gaps) > 5 else [])
+            raise UsageError(f"{path}: state {state} has no value at time(s) {shown} ({len(gaps)} of {times.size} "
+                             "times); every observed state needs a value at every time")
+        data[state] = np.array([seen[(t, state)][1] for t in times])
+    return data
+
+
+def _x0_arguments(items: list[str], states) -> dict[str, float]:
+    x0 = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--x0 {item!r}: expected STATE=VALUE, e.g. --x0 {states[0]}=1.5")
+        if name not in states:
+            raise UsageError(f"--x0 {item!r}: {name!r} is not a state of the model {list(states)}")
+        if name in x0:
+            raise UsageError(f"--x0 gives {name} twice")
+        try:
+            x0[name] = float(value)
+        except ValueError:
+            raise UsageError(f"--x0 {item!r}: {value!r} is not a number") from None
+        if not np.isfinite(x0[name]):
+            raise UsageError(f"--x0 {item!r}: the initial value must be finite")
+    return x0
 
 
 def _fit(a) -> int:
-    import pandas as pd
-
     import pgpgm
 
     spec = pgpgm.load_model(a.model)
     case = spec.case()
-    df = pd.read_csv(a.data)
-    missing = {"time", "state", "value"} - set(df.columns)
-    if missing:
-        raise SystemExit(f"{a.data}: missing columns {sorted(missing)}; expected a tidy CSV time,state,value")
-    wide = df.pivot_table(index="time", columns="state", values="value", aggfunc="first").sort_index()
-    if wide.isna().any().any():
-        raise SystemExit(f"{a.data}: every observed state needs a value at every time (found gaps)")
-    data = {"time": wide.index.to_numpy(), **{c: wide[c].to_numpy() for c in wide.columns}}
-    x0 = {}
-    for item in a.x0:
-        name, _, value = item.partition("=")
-        x0[name] = float(value)
+    states = spec.system.states
+    out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_fit")
+    x0 = _x0_arguments(a.x0, states)
+    if a.bounds and not a.bounds[0] < a.bounds[1]:
+        raise UsageError(f"--bounds {a.bounds[0]} {a.bounds[1]}: LOWER must be less than UPPER")
+    if not a.data.is_file():
+        raise UsageError(f"--data {a.data}: no such file")
+    data = read_tidy_csv(a.data, states)
     if not x0 and np.isfinite(case.x0).any():
-        x0 = {s: v for s, v in zip(spec.system.states, case.x0) if np.isfinite(v)}
-    bounds = tuple(a.bounds) if a.bounds else None
-    priors = bounds or spec.priors(case.name)
+        x0 = {s: v for s, v in zip(states, case.x0) if np.isfinite(v)}
+    priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
-    result = pgpgm.fit(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
-                       gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
-                       tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
-                       progressbar=not a.no_progress, **_posterior_options(a))
-    out = a.out or Path("results") / f"{spec.system.name}_fit"
+    result = _fit_or_fail(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
+                          gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
+                          tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
+                          progressbar=not a.no_progress, **_posterior_options(a))
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
-    return 0
+    return EXIT_OK
 
 
 def _posterior_options(a) -> dict:
@@ -170,6 +364,10 @@ def _sensitivity(a) -> int:
 
     spec = pgpgm.load_model(a.model)
     case = spec.case(a.case)
+    if a.out:
+        _check_out_file(a.out)
+    if a.t_span and not a.t_span[0] < a.t_span[1]:
+        raise UsageError(f"--t-span {a.t_span[0]} {a.t_span[1]}: the start must be before the end")
     span = tuple(a.t_span) if a.t_span else (float(case.times[0]), float(case.times[-1]))
     table = pgpgm.sensitivity_index(spec.system, case.theta, case.x0, span).to_pandas()
     print(f"Sensitivity index S_ij = ||dx_i/dtheta_j|| / ||x_i|| on {span}, theta = {case.theta.tolist()}")
@@ -199,14 +397,42 @@ def _info(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    """Run the command line; returns the exit code: 0 success, 1 the fit failed, 2 a usage
+    or input error. Errors are one line on stderr; ``--debug`` or ``PGPGM_DEBUG=1`` adds the
+    traceback."""
+    import tomllib
+
     from .errors import PgpgmError
 
+    debug = os.environ.get("PGPGM_DEBUG", "") not in ("", "0")
+    commands = {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list, "info": _info}
     try:
-        return {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list, "info": _info}[a.command](a)
-    except (PgpgmError, KeyError, FileNotFoundError) as exc:
-        print(f"pgpgm: error: {exc}", file=sys.stderr)
-        return 2
+        a = _parser().parse_args(argv)
+        debug = debug or getattr(a, "debug", False)
+        return commands[a.command](a)
+    except UsageError as exc:
+        return _report(exc, EXIT_USAGE, debug)
+    except FitFailed as exc:
+        return _report(exc, EXIT_FIT_FAILED, debug)
+    except KeyError as exc:  # unknown model or case names
+        return _report(exc.args[0] if exc.args else exc, EXIT_USAGE, debug, exc)
+    except (PgpgmError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return _report(exc, EXIT_USAGE, debug)
+    except KeyboardInterrupt as exc:
+        return _report("interrupted", 130, debug, exc)
+    except Exception as exc:  # a bug: still one line, and the traceback with --debug
+        return _report(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug and report it)",
+                       EXIT_FIT_FAILED, debug, exc)
+
+
+def _report(message, code: int, debug: bool, exc: BaseException | None = None) -> int:
+    """Print ``pgpgm: error: <message>`` as one line on stderr (the traceback first when debugging)."""
+    exc = exc if exc is not None else message if isinstance(message, BaseException) else None
+    if debug and exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
+    text = " ".join(str(message).split())  # one line
+    print(f"pgpgm: error: {text}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

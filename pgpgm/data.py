@@ -1,32 +1,126 @@
-"""Measurements: validation of time grids and observed series."""
+"""Measurements: validation of time grids, observed series, initial values and noise levels.
+
+Every data input of pgpgm passes through this module before any compiled code runs; a bad
+input raises :class:`~pgpgm.errors.DataError` naming the input (state, column, row) and
+saying what to do.
+"""
 
 from __future__ import annotations
 
+import datetime
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
-from .errors import DataError
+from .errors import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
     from .ode.system import ODESystem
 
+_SHOW = 5  # rows quoted in a message
+
+
+def _rows(mask: np.ndarray) -> str:
+    """The first few positions where ``mask`` is True, as text."""
+    idx = np.flatnonzero(mask)
+    more = f" and {idx.size - _SHOW} more" if idx.size > _SHOW else ""
+    return ", ".join(str(i) for i in idx[:_SHOW]) + more
+
+
+def as_float_array(values, name: str) -> np.ndarray:
+    """``values`` as a float64 array, refusing what is not real numbers.
+
+    Parameters
+    ----------
+    values : array-like of real numbers (any shape)
+    name : how the input is named in the error message (e.g. ``"values of state x1"``)
+
+    Returns
+    -------
+    numpy.ndarray, float64, same shape as ``values``
+
+    Raises
+    ------
+    DataError
+        for text, bytes, booleans, datetimes/timedeltas, complex numbers, structured or
+        ragged data and objects that are not numbers (the message names the first bad row).
+        NaN and inf are left to the caller.
+    """
+    if isinstance(values, (str, bytes)):
+        raise DataError(f"{name} must be numbers, got the text {values[:40]!r}")
+    if isinstance(values, (Mapping, set)):
+        raise DataError(f"{name} must be numbers, got a {type(values).__name__}")
+    if isinstance(values, (pd.Series, pd.Index)):
+        values = (values.to_numpy(dtype=object) if isinstance(values.dtype, pd.api.extensions.ExtensionDtype)
+                  else values.to_numpy())
+    try:
+        a = np.asarray(values)
+    except (ValueError, TypeError) as exc:  # ragged nested sequences
+        raise DataError(f"{name} must be a rectangular array of numbers ({exc})") from None
+    kind = a.dtype.kind
+    if kind == "b":
+        raise DataError(f"{name} are booleans; give numbers (e.g. 0.0/1.0 as floats) instead")
+    if kind in "mM":
+        raise DataError(f"{name} are datetimes or timedeltas; convert them to numbers first "
+                        "(e.g. hours since the first measurement)")
+    if kind == "c":
+        raise DataError(f"{name} are complex numbers; pgpgm fits real-valued data only")
+    if kind in "US":  # text: numbers written as text are read, anything else names its row below
+        a = a.astype(object)
+    if kind == "V":
+        raise DataError(f"{name} are a structured array; pass one numeric column")
+    if kind in "iuf":
+        return a.astype(np.float64)
+    # object and text arrays: convert element by element and name the first bad row
+    out = np.empty(a.shape, dtype=np.float64)
+    for pos, v in np.ndenumerate(a):
+        row = pos[0] if pos else 0
+        if isinstance(v, (bool, np.bool_)):
+            raise DataError(f"{name}: row {row} is a boolean ({v}); give numbers")
+        if isinstance(v, (str, bytes)):
+            try:
+                out[pos] = float(v)
+                continue
+            except ValueError:
+                raise DataError(f"{name}: row {row} is the text {v!r}, not a number; fix or remove that row") from None
+        if isinstance(v, (complex, np.complexfloating)):
+            raise DataError(f"{name}: row {row} is the complex number {v}; pgpgm fits real-valued data only")
+        if isinstance(v, (datetime.date, datetime.timedelta, np.datetime64, np.timedelta64)):
+            raise DataError(f"{name}: row {row} is a date/time ({v}); convert the column to numbers first "
+                            "(e.g. hours since the first measurement)")
+        if v is None or v is pd.NA or v is pd.NaT:
+            raise DataError(f"{name}: row {row} is missing ({v}); fill it or remove that row")
+        if not isinstance(v, numbers.Real):
+            raise DataError(f"{name}: row {row} is {type(v).__name__} {str(v)[:40]!r}, not a number")
+        out[pos] = float(v)
+    return out
+
 
 def check_times(times, *, min_points: int = 2, name: str = "times") -> np.ndarray:
-    """Validate a time grid: 1-D, finite, strictly increasing. Returns float array (N,)."""
-    t = np.asarray(times, dtype=float)
+    """Validate a time grid: 1-D, real, finite, strictly increasing.
+
+    Returns
+    -------
+    numpy.ndarray (N,), float64 (the data's time unit)
+    """
+    t = as_float_array(times, name)
     if t.ndim != 1 or t.size < min_points:
         raise DataError(f"{name} must be a 1-D array of at least {min_points} points, got shape {t.shape}")
-    if not np.all(np.isfinite(t)):
-        raise DataError(f"{name} contain NaN or inf")
+    bad = ~np.isfinite(t)
+    if bad.any():
+        raise DataError(f"{name} contain NaN or inf (rows {_rows(bad)}); remove those rows")
     d = np.diff(t)
     if np.any(d == 0):
-        raise DataError(f"{name} contain duplicates (at t = {t[1:][d == 0][:3].tolist()})")
+        raise DataError(f"{name} contain duplicates (at t = {t[1:][d == 0][:3].tolist()}); "
+                        "give one value per time (average repeated measurements)")
     if np.any(d < 0):
-        raise DataError(f"{name} must be sorted in increasing order")
+        raise DataError(f"{name} must be sorted in increasing order (row {int(np.argmax(d < 0)) + 1} "
+                        "is earlier than the row before); sort the data by time")
     return t
 
 
@@ -42,32 +136,180 @@ class Observations:
     states: tuple[str, ...]
 
 
-def as_observations(data, observed: Sequence[str] | None, system: ODESystem) -> Observations:
-    """Accept an xarray Dataset from :func:`pgpgm.simulate` (variable ``y``), a pandas
-    DataFrame with a ``time`` column and one column per state, or a dict of arrays
-    ``{"time": t, state: values, ...}``; keep the states in ``observed``."""
+def _columns(data) -> tuple[object, dict[str, object]]:
+    """The raw time column and the per-state columns of ``data``."""
     if isinstance(data, xr.Dataset):
-        t = data["time"].values
-        avail = {s: data["y"].sel(observed=s).values for s in data["observed"].values.tolist()}
+        if "y" not in data.data_vars:
+            raise DataError("the Dataset has no variable 'y' (time, observed); pass the Dataset returned by "
+                            f"pgpgm.simulate, or a DataFrame/dict with a 'time' column (it has {list(data.data_vars)})")
+        y = data["y"]
+        if set(y.dims) != {"time", "observed"} or "observed" not in y.coords or "time" not in y.coords:
+            raise DataError(f"the Dataset's 'y' must have dimensions (time, observed) with coordinates, got {y.dims}")
+        y = y.transpose("time", "observed")
+        return y["time"].values, {str(s): y.sel(observed=s).values for s in y["observed"].values.tolist()}
+    if isinstance(data, pd.DataFrame):
+        if data.columns.has_duplicates:
+            dup = data.columns[data.columns.duplicated()].tolist()
+            raise DataError(f"the table has repeated columns {dup}; give one column per state")
+        data = {c: data[c] for c in data.columns}
+    if not isinstance(data, Mapping):
+        raise DataError(f"data must be a Dataset from pgpgm.simulate, or a DataFrame/dict with a 'time' column and "
+                        f"one column per state, got {type(data).__name__}")
+    if "time" not in data:
+        raise DataError(f"data have no 'time' column (columns: {[str(k) for k in data][:10]}); add the measurement "
+                        "times as a column named 'time'")
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise DataError(f"data column names must be state names (text), got {bad_keys[:5]}")
+    return data["time"], {k: v for k, v in data.items() if k != "time"}
+
+
+def _observed_names(observed, available: Sequence[str], system: ODESystem) -> tuple[str, ...]:
+    if observed is None:
+        names = tuple(available)
+    elif isinstance(observed, str):
+        names = (observed,)
     else:
-        if hasattr(data, "to_dict") and hasattr(data, "columns"):
-            data = {c: data[c].to_numpy() for c in data.columns}
-        if not isinstance(data, Mapping) or "time" not in data:
-            raise DataError("data must be a Dataset from pgpgm.simulate, or a table/dict with a 'time' column")
-        t = np.asarray(data["time"], float)
-        avail = {k: np.asarray(v, float) for k, v in data.items() if k != "time"}
-    unknown = [k for k in avail if k not in system.states]
+        try:
+            names = tuple(observed)
+        except TypeError:
+            raise DataError(f"observed must be a state name or a list of state names, got {observed!r}") from None
+    not_text = [n for n in names if not isinstance(n, str)]
+    if not_text:
+        raise DataError(f"observed must be state names (text), got {not_text[:5]}")
+    if not names:
+        raise DataError(f"no observed state: give observed=[...] with some of {list(system.states)} and data for them")
+    unknown = [n for n in names if n not in system.states]
     if unknown:
-        raise DataError(f"data columns {unknown} are not states of {system.name} {list(system.states)}")
-    observed = tuple(avail) if observed is None else tuple([observed] if isinstance(observed, str) else observed)
-    system.index_of_states(observed)
-    missing = [s for s in observed if s not in avail]
+        raise ModelDefinitionError(f"unknown state(s) {unknown} in observed; the states of {system.name} are "
+                                   f"{list(system.states)}")
+    if len(set(names)) != len(names):
+        raise DataError(f"observed states are repeated in {list(names)}; name each once")
+    return names
+
+
+def as_observations(data, observed: Sequence[str] | str | None, system: ODESystem) -> Observations:
+    """Validate measurements and keep the states in ``observed``.
+
+    Parameters
+    ----------
+    data : an xarray Dataset from :func:`pgpgm.simulate` (variable ``y`` (time, observed)),
+        a pandas DataFrame with a ``time`` column and one column per state, or a dict of
+        arrays ``{"time": t, state: values, ...}``; every column 1-D of N real numbers
+    observed : the measured states (a name or a list; default every state in ``data``)
+    system : the ODE system
+
+    Returns
+    -------
+    Observations
+        times (N,) and values (N, M) as float64.
+
+    Raises
+    ------
+    ModelDefinitionError
+        for an observed name that is not a state of ``system``.
+    DataError
+        naming the state, column or row of any unusable input: missing states,
+        text/booleans/datetimes/complex/object values, columns that are not 1-D, lengths
+        that differ from the times, NaN/inf, times not strictly increasing, fewer than 3 times.
+    """
+    raw_t, columns = _columns(data)
+    unknown = [k for k in columns if k not in system.states]
+    if unknown:
+        raise DataError(f"data columns {unknown} are not states of {system.name} {list(system.states)}; "
+                        "rename or drop them")
+    names = _observed_names(observed, list(columns), system)
+    missing = [s for s in names if s not in columns]
     if missing:
-        raise DataError(f"observed states {missing} have no data; data has {list(avail)}")
-    t = check_times(t, min_points=3)
-    Y = np.column_stack([avail[s] for s in observed])
-    if Y.shape[0] != t.size:
-        raise DataError(f"data have {Y.shape[0]} rows but {t.size} times")
-    if not np.all(np.isfinite(Y)):
-        raise DataError("observations contain NaN or inf")
-    return Observations(t, Y, observed)
+        raise DataError(f"observed states {missing} have no data; data has {list(columns)}")
+    t = check_times(raw_t, min_points=3, name="the 'time' column")
+    cols = []
+    for s in names:
+        what = f"values of observed state {s}"
+        v = as_float_array(columns[s], what)
+        if v.ndim != 1:
+            raise DataError(f"{what} must be 1-D (one value per time), got shape {v.shape}; give each state its own "
+                            "column of N values")
+        if v.size != t.size:
+            raise DataError(f"{what} have {v.size} rows but there are {t.size} times; give one value per time")
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raise DataError(f"{what} contain NaN or inf at rows {_rows(bad)} (t = {t[bad][:_SHOW].tolist()}); "
+                            "remove those times or fill the values")
+        cols.append(v)
+    return Observations(t, np.column_stack(cols), names)
+
+
+def initial_values(system: ODESystem, data, x0, observed_idx: Sequence[int]) -> np.ndarray:
+    """(S,) initial values of the solve; entries of observed states are NaN.
+
+    Parameters
+    ----------
+    x0 : mapping ``{state: value}`` (latent states at least), a full (S,) vector whose
+        observed entries are ignored, or None (then ``data.attrs["x0"]`` of a simulated Dataset)
+
+    Raises
+    ------
+    DataError
+        for unknown state names, a vector of the wrong length, values that are not real
+        numbers, and a latent state without a finite initial value.
+    """
+    S = system.n_states
+    x0_full = np.full(S, np.nan)
+    if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
+        x0 = list(np.atleast_1d(data.attrs["x0"]))
+    if isinstance(x0, Mapping):
+        unknown = [k for k in x0 if k not in system.states]
+        if unknown:
+            raise DataError(f"x0 names unknown states {unknown}; the states are {list(system.states)}")
+        for k, v in x0.items():
+            value = as_float_array(v, f"x0[{k}]")
+            if value.size != 1:
+                raise DataError(f"x0[{k}] must be one number, got shape {value.shape}")
+            x0_full[system.states.index(k)] = value.item()
+    elif x0 is not None:
+        v = as_float_array(x0, "x0")
+        if v.shape != (S,):
+            raise DataError(f"x0 must have {S} values, one per state {list(system.states)}, got shape {v.shape}; "
+                            "or give a mapping {state: value} for the latent states")
+        x0_full[:] = v
+    x0_full[list(observed_idx)] = np.nan
+    latent = [i for i in range(S) if i not in set(observed_idx)]
+    missing = [system.states[i] for i in latent if not np.isfinite(x0_full[i])]
+    if missing:
+        raise DataError(f"initial values of the latent states {missing} are required and must be finite "
+                        "(x0={state: value, ...})")
+    return x0_full
+
+
+def noise_levels(noise_sd, M: int) -> np.ndarray:
+    """(M,) positive, finite noise sds from a scalar or one value per observed state (state units)."""
+    v = as_float_array(noise_sd, "noise_sd")
+    if v.ndim > 1 or v.size not in (1, M):
+        raise DataError(f"noise_sd must be one number or {M} (one per observed state), got shape {v.shape}")
+    nsd = np.broadcast_to(v.reshape(-1), (M,)).copy()
+    if np.any(~np.isfinite(nsd)) or np.any(nsd <= 0):
+        raise DataError(f"noise_sd must be positive and finite, got {np.asarray(noise_sd).tolist()}; "
+                        "omit it to estimate the noise")
+    return nsd
+
+
+def check_gamma(gamma) -> float:
+    """The gradient-matching mismatch variance as a finite, non-negative float (state-derivative units^2)."""
+    g = as_float_array(gamma, "gamma")
+    if g.ndim != 0 or not np.isfinite(g) or g < 0:
+        raise DataError(f"gamma must be one finite, non-negative number, got {gamma!r}; the default is 0.3")
+    return float(g)
+
+
+def check_count(value, name: str, *, minimum: int = 0) -> int:
+    """``value`` as a Python int >= ``minimum`` (iterations, chains, seeds); booleans and
+    non-integral numbers are refused with a DataError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise DataError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise DataError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)

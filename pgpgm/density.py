@@ -27,7 +27,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import xarray as xr
 
-from .data import Observations, as_observations
+from .data import Observations, as_observations, check_gamma, initial_values, noise_levels
 from .errors import DataError
 from .gp import GPFit, GradientMatching, fit_gp, gradient_matching
 from .ode.system import ODESystem
@@ -180,37 +180,12 @@ class GradientMatchingDensity:
         return model
 
 
-def _initial_values(system: ODESystem, data, x0, observed_idx, latent_idx) -> np.ndarray:
-    """(S,) initial values: latent entries from ``x0`` (mapping or (S,) vector, or the
-    data's ``attrs["x0"]``), observed entries NaN."""
-    x0_full = np.full(system.n_states, np.nan)
-    if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
-        x0 = list(data.attrs["x0"])
-    if isinstance(x0, Mapping):
-        for k, v in x0.items():
-            x0_full[system.index_of_states([k])[0]] = float(v)
-    elif x0 is not None:
-        x0_full[:] = np.asarray(x0, float).reshape(system.n_states)
-    x0_full[list(observed_idx)] = np.nan
-    missing = [system.states[i] for i in latent_idx if not np.isfinite(x0_full[i])]
-    if missing:
-        raise DataError(f"initial values of the latent states {missing} are required (x0=...)")
-    return x0_full
-
-
 def fit_gps(obs: Observations, kernel="rbf", *, noise_sd=None, n_starts: int = 5, seed: int = 0) -> tuple[GPFit, ...]:
     """Step 1: one GP per observed state of ``obs`` (noise sd fitted unless given, scalar or (M,))."""
     M = len(obs.states)
-    nsd = [None] * M if noise_sd is None else _noise(noise_sd, M)
+    nsd = [None] * M if noise_sd is None else noise_levels(noise_sd, M)
     return tuple(fit_gp(obs.times, obs.values[:, m], kernel, state=s, noise_sd=nsd[m], n_starts=n_starts, seed=seed + m)
                  for m, s in enumerate(obs.states))
-
-
-def _noise(noise_sd, M: int) -> np.ndarray:
-    nsd = np.broadcast_to(np.asarray(noise_sd, float), (M,)).copy()
-    if np.any(~np.isfinite(nsd)) or np.any(nsd <= 0):
-        raise DataError(f"noise_sd must be positive, got {noise_sd}")
-    return nsd
 
 
 def gradient_matching_density(
@@ -249,11 +224,10 @@ def gradient_matching_density(
     gp_starts, seed : optimiser starts and seed of the GP fit
     """
     obs = as_observations(data, observed, system)
-    if not np.isfinite(gamma) or gamma < 0:
-        raise DataError(f"gamma must be a non-negative number, got {gamma}")
+    gamma = check_gamma(gamma)
     obs_idx = tuple(system.index_of_states(obs.states))
     lat_idx = tuple(i for i in range(system.n_states) if i not in obs_idx)
-    x0_full = _initial_values(system, data, x0, obs_idx, lat_idx)
+    x0_full = initial_values(system, data, x0, obs_idx)
     prior = Priors.from_user(system.parameters, priors)
     M = len(obs.states)
     if gp_fits is None:
@@ -261,7 +235,7 @@ def gradient_matching_density(
     gp_fits = tuple(gp_fits)
     if len(gp_fits) != M:
         raise DataError(f"need one GP fit per observed state ({M}), got {len(gp_fits)}")
-    nsd = np.array([g.noise_sd for g in gp_fits]) if noise_sd is None else _noise(noise_sd, M)
+    nsd = np.array([g.noise_sd for g in gp_fits]) if noise_sd is None else noise_levels(noise_sd, M)
     terms = []
     for m, (s, g) in enumerate(zip(obs.states, gp_fits)):
         gm = gradient_matching(g, obs.times)

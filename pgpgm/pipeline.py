@@ -9,13 +9,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from .data import as_observations
+from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
 from .density import fit_gps, gradient_matching_density
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
 from .posterior import build_ode_model, laplace_posterior, sample_posterior
-from .priors import PriorSpec
+from .gp.kernels import KERNELS
+from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
 from .sampling import sample
@@ -37,7 +38,7 @@ def fit(
     draws: int = 2000,
     tune: int = 1500,
     chains: int = 2,
-    seed: int = 0,
+    seed: int | None = 0,
     init="spread",
     refine_x0: bool = True,
     true_theta=None,
@@ -71,10 +72,48 @@ def fit(
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
     ``refine_x0`` also refines the observed states' initial values (started at their
     posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
-    the ground truth to tables and figures.
+    the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
+    recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
+
+    Raises
+    ------
+    DataError
+        before any computation, for unusable data (see :func:`pgpgm.data.as_observations`),
+        ``x0``, ``noise_sd``, ``gamma``, ``priors``, ``kernel``, ``true_theta``, or counts
+        (``draws``, ``tune``, ``chains``, ``seed``, ``posterior_*``) that are not whole numbers
+        in range.
+    ODESolveError
+        when every refinement start fails.
     """
     timings, t0 = {}, time.perf_counter()
+    # every argument is checked here, before any GP fit, compiled kernel or sampler runs
+    if seed is None:  # a fresh seed, recorded in the sampler's settings (result.tree attrs)
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
+    seed = check_count(seed, "seed", minimum=0)
+    draws, tune, chains = (check_count(draws, "draws", minimum=1), check_count(tune, "tune", minimum=0),
+                           check_count(chains, "chains", minimum=1))
+    if posterior not in ("nuts", "laplace", None):
+        raise DataError(f"posterior must be 'nuts', 'laplace' or None, got {posterior!r}")
+    posterior_draws = check_count(posterior_draws, "posterior_draws", minimum=1)
+    posterior_tune = check_count(posterior_tune, "posterior_tune", minimum=0)
+    posterior_chains = check_count(posterior_chains, "posterior_chains", minimum=1)
+    if nuts_sampler not in ("pymc", "nutpie"):
+        raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
+    if cores is not None:
+        cores = check_count(cores, "cores", minimum=1)
+    if isinstance(kernel, str) and kernel not in KERNELS:
+        raise DataError(f"unknown kernel {kernel!r}; built-in kernels are {sorted(KERNELS)}")
+    check_gamma(gamma)
     obs = as_observations(data, observed, system)
+    initial_values(system, data, x0, system.index_of_states(obs.states))
+    if noise_sd is not None:
+        noise_levels(noise_sd, len(obs.states))
+    Priors.from_user(system.parameters, priors)
+    if true_theta is not None:
+        tt = as_float_array(true_theta, "true_theta")
+        if tt.shape != (system.n_parameters,) or not np.all(np.isfinite(tt)):
+            raise DataError(f"true_theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
+                            f"got {true_theta!r}")
     gps = fit_gps(obs, kernel, noise_sd=noise_sd, seed=seed)
     timings["gp"] = time.perf_counter() - t0
     integrator = Integrator(system, obs.times, solver)
@@ -108,8 +147,6 @@ def fit(
     x0_refined = ref.x0
     timings["refinement"] = time.perf_counter() - t2
 
-    if posterior not in ("nuts", "laplace", None):
-        raise DataError(f"posterior must be 'nuts', 'laplace' or None, got {posterior!r}")
     t = obs.times
     dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), integrator.solver)
     diagnostics = {"gradient_matching": diagnose(tree, system.parameters)}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
 
+from .data import as_float_array, check_times
 from .errors import DataError
 from .solve import Integrator, Solver
 from .ode.system import ODESystem
@@ -46,10 +48,35 @@ def simulate(
         the observations; ``noise_sd`` (observed). Attributes record theta, x0,
         the system and the seed.
     """
-    observed = list(system.states if observed is None else observed)
+    # input checks, before any solve
+    observed = list(system.states if observed is None else [observed] if isinstance(observed, str) else observed)
+    if not observed or not all(isinstance(s, str) for s in observed):
+        raise DataError(f"observed must be a state name or a non-empty list of state names, got {observed!r}")
     idx = system.index_of_states(observed)
     if (noise_sd is None) == (snr is None):
         raise DataError("give exactly one of noise_sd or snr")
+    theta_ = as_float_array(theta, "theta")
+    if theta_.shape != (system.n_parameters,) or not np.all(np.isfinite(theta_)):
+        raise DataError(f"theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
+                        f"got shape {theta_.shape}")
+    x0_ = as_float_array(x0, "x0")
+    if x0_.shape != (system.n_states,) or not np.all(np.isfinite(x0_)):
+        raise DataError(f"x0 must be {system.n_states} finite numbers {list(system.states)}, got shape {x0_.shape}")
+    times = check_times(times)
+    if snr is not None:
+        snr = as_float_array(snr, "snr")
+        if snr.ndim != 0 or not (np.isfinite(snr) and snr > 0):
+            raise DataError(f"snr must be one positive, finite number, got {snr.tolist()}")
+    if noise_sd is not None:
+        nsd = as_float_array(noise_sd, "noise_sd")
+        if nsd.ndim > 1 or nsd.size not in (1, len(idx)):
+            raise DataError(f"noise_sd must be one number or {len(idx)} (one per observed state), "
+                            f"got shape {nsd.shape}")
+        if np.any(~np.isfinite(nsd)) or np.any(nsd < 0):
+            raise DataError(f"noise_sd must be finite and non-negative, got {nsd.tolist()}")
+    if not (seed is None or isinstance(seed, np.random.Generator)
+            or (isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_)) and seed >= 0)):
+        raise DataError(f"seed must be a whole number >= 0, a numpy Generator or None, got {seed!r}")
     truth = Integrator(system, times, solver).solve(theta, x0)
     signal = truth[:, idx]
     if snr is not None:
