@@ -255,3 +255,20 @@ def test_a_killed_save_never_damages_the_earlier_file(tmp_path):
     # control: the same kills destroy a file written in place (what save() did before)
     control = report["in-place"]
     assert sum(o not in ("old", "new") for o in control["outcomes"]) >= 2, control
+
+
+def test_save_load_keeps_non_integer_coefficients_exactly(tmp_path):
+    """A coefficient 1/3 came back as 0.333333333333333 when systems were saved as str(expr)."""
+    import dataclasses
+
+    import sympy as sp
+
+    system = pgpgm.ODESystem.from_equations(
+        {"x1": "theta1*x1/3 - 0.1*theta2*x1*x2", "x2": "-1.2345678901234567*theta3*x2 + abs(theta4)*x1*x2 + pi"},
+        ["theta1", "theta2", "theta3", "theta4"], name="lotka-volterra-thirds")
+    result = dataclasses.replace(make_result(3), system=system)
+    back = load_result(result.save(tmp_path / "thirds.nc"))
+    assert back.system.expressions == system.expressions  # identical sympy trees
+    assert sp.Rational(1, 3) in back.system.expressions[0].atoms(sp.Rational)
+    x, th = np.array([1.7, 0.3]), np.array([1.1, 2.2, 3.3, -4.4])
+    np.testing.assert_array_equal(back.system.rhs(0.0, x, th), system.rhs(0.0, x, th))
