@@ -157,7 +157,10 @@ def fit(
                                         noise_center=density.noise_sd, solver=integrator.solver,
                                         dense_times=dense.times)
         center, sd = _refined_point(layout, ref, obs)
-        main = sample_posterior(model, center, sd, draws=posterior_draws, tune=posterior_tune,
+        names = {**{p: p for p in layout.parameters},
+                 **{f"x0[{s}]": n for s, n in zip(obs.states, layout.initial)}}
+        covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
+        main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
                                 progressbar=progressbar)
         diagnostics["posterior"] = diagnose(main, layout.free)

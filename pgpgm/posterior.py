@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
+from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFullAdapt
 
 from .data import Observations
 from .errors import DataError
@@ -188,25 +188,40 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
 
 
 def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
-                     weight: float = 10.0) -> QuadPotentialDiagAdapt:
-    """A diagonal mass-matrix adaptation for NUTS, seeded with the refinement's variances:
-    each sd is carried to PyMC's transformed space by a central difference of the transform
-    (variables without an sd start at variance 1)."""
+                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0):
+    """A mass-matrix adaptation for NUTS seeded with the refinement's uncertainty, carried to
+    PyMC's transformed space by central differences of the transforms.
+
+    With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
+    full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
+    need short trajectories from the first draw. Otherwise, or where the matrix is not finite,
+    a diagonal one from ``sd`` (variables without an sd start at variance 1).
+    """
     at = space.point(center)
-    mean, var = [], []
+    names, mean, du = [], [], []
     for v in space.model.value_vars:
         name = space.model.values_to_rvs[v].name
-        u0 = float(at[v.name])
         sdv = float(sd.get(name, np.nan))
-        if np.isfinite(sdv) and sdv > 0:
-            h = 1e-4 * sdv
-            du = (float(space.point({**center, name: center[name] + h})[v.name])
-                  - float(space.point({**center, name: center[name] - h})[v.name])) / (2 * h)
-            var.append(max((du * sdv) ** 2, 1e-10))
-        else:
-            var.append(1.0)
-        mean.append(u0)
-    return QuadPotentialDiagAdapt(len(mean), np.array(mean), np.array(var), weight)
+        h = 1e-4 * sdv if np.isfinite(sdv) and sdv > 0 else 1e-6 * max(abs(float(center[name])), 1.0)
+        du.append((float(space.point({**center, name: center[name] + h})[v.name])
+                   - float(space.point({**center, name: center[name] - h})[v.name])) / (2 * h))
+        names.append(name)
+        mean.append(float(at[v.name]))
+    du = np.array(du)
+    var = np.array([(d * float(sd[n])) ** 2 if np.isfinite(sd.get(n, np.nan)) and sd.get(n, 0) > 0 else 1.0
+                    for n, d in zip(names, du)])
+    var = np.maximum(var, 1e-10)
+    if covariance is not None:
+        cnames, cmat = list(covariance[0]), np.asarray(covariance[1], float)
+        idx = [names.index(n) for n in cnames if n in names]
+        sub = cmat[np.ix_([cnames.index(names[i]) for i in idx], [cnames.index(names[i]) for i in idx])]
+        if idx and np.all(np.isfinite(sub)):
+            full = np.diag(var)
+            d = du[idx]
+            full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
+            if np.all(np.linalg.eigvalsh(full) > 0):
+                return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
+    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
 
 def sample_posterior(
@@ -214,6 +229,7 @@ def sample_posterior(
     center: Mapping[str, float],
     sd: Mapping[str, float],
     *,
+    covariance: tuple[Sequence[str], np.ndarray] | None = None,
     draws: int = 1000,
     tune: int = 1000,
     chains: int = 4,
@@ -230,7 +246,9 @@ def sample_posterior(
     model : e.g. from :func:`build_ode_model`
     center, sd : the refined estimate and its standard errors, by variable name; chains
         start at draws from Normal(center, sd) (see :func:`dispersed_starts`) and the
-        diagonal mass matrix starts from sd^2 carried to the transformed space
+        mass matrix starts from sd^2 carried to the transformed space - dense when
+        ``covariance`` (names, matrix), e.g. the refinement's, is given and finite
+        (see :func:`seeded_potential`)
     draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs))
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
@@ -255,7 +273,8 @@ def sample_posterior(
         return pm.sample(nuts_sampler="nutpie", initvals=start,
                          nuts_sampler_kwargs={"target_accept": target_accept}, **common)
     starts = dispersed_starts(space, center, sd, chains, rng)
-    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd), target_accept=target_accept)
+    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
+                   target_accept=target_accept)
     return pm.sample(step=step, initvals=starts, **common)
 
 
