@@ -100,12 +100,25 @@ class FitJob:
 def tidy_to_wide(table: pd.DataFrame, source: str = "data") -> pd.DataFrame:
     """A tidy table (columns ``time, state, value``, one row per measurement) as a wide one:
     a ``time`` column and one column per state, rows sorted by time. A state not measured
-    at some time gets NaN there (which :func:`pgpgm.fit` rejects with a DataError)."""
+    at some time gets NaN there (which :func:`pgpgm.fit` rejects with a DataError).
+
+    Raises
+    ------
+    DataError : a column is missing, a time is missing, or a state has two values at one time.
+    """
     missing = [c for c in _TIDY if c not in table.columns]
     if missing:
         raise DataError(f"{source}: missing columns {missing}; expected a tidy table with columns time,state,value")
-    wide = table.pivot_table(index="time", columns="state", values="value", aggfunc="first", dropna=False)
-    wide = wide.sort_index()
+    times = pd.to_numeric(table["time"], errors="coerce")
+    if times.isna().any():
+        raise DataError(f"{source}: the time column has missing or non-numeric entries (rows "
+                        f"{times.index[times.isna()].tolist()[:5]})")
+    dup = table.duplicated(["time", "state"])
+    if dup.any():
+        first = table.loc[dup, ["time", "state"]].iloc[0]
+        raise DataError(f"{source}: state {first['state']!r} has more than one value at time {first['time']}; "
+                        "give one value per state and time")
+    wide = table.pivot(index="time", columns="state", values="value").sort_index()
     wide.columns = [str(c) for c in wide.columns]
     return wide.reset_index()
 
