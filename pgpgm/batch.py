@@ -250,13 +250,14 @@ def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
 def _worker_task(job: FitJob, fit_defaults: Mapping[str, Any]) -> dict[str, Any]:
     """What runs on a dask worker: the fit, or its error as plain data (never raises for a
     failed fit, so dask need not pickle arbitrary exceptions)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         result, messages = run_job(job, fit_defaults)
     except Exception as exc:  # a failed fit is recorded, not raised: the other jobs go on
         return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
                 "seconds": time.perf_counter() - t0}
-    return {"ok": True, "result": result, "warnings": messages, "seconds": time.perf_counter() - t0}
+    return {"ok": True, "result": result, "warnings": messages, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0}
 
 
 # ---------------------------------------------------------------------------------- files
@@ -291,11 +292,13 @@ def error_path(out_dir: str | Path, name: str) -> Path:
 
 
 def summary_row(name: str, result, *, status: str = "ok", seconds: float | None = None,
-                warnings_: Sequence[str] = ()) -> dict[str, Any]:
+                cpu_seconds: float | None = None, warnings_: Sequence[str] = ()) -> dict[str, Any]:
     """One row of the summary table for a finished fit.
 
     Columns: ``name, status, posterior`` (``nuts``, ``laplace`` or ``gradient_matching``:
     where the means and intervals come from), ``seconds`` (the fit's wall time),
+    ``cpu_seconds`` (the CPU time of the worker process during the fit, NaN for a skipped
+    job; far below ``seconds`` means the machine has fewer free cores than workers),
     ``refinement_cost``, ``max_rhat``, ``min_ess`` (smallest bulk or tail ESS) and
     ``divergences`` (of NUTS when it ran, else of the gradient-matching chains), then per
     parameter P: ``P_refined``, ``P_mean`` (posterior mean), ``P_hdi_3%``, ``P_hdi_97%``
@@ -312,6 +315,7 @@ def summary_row(name: str, result, *, status: str = "ok", seconds: float | None 
         kind, sampler = "gradient_matching", "gradient_matching"
     row: dict[str, Any] = {"name": name, "status": status, "posterior": kind,
                            "seconds": float(result.timings.get("total", np.nan)) if seconds is None else seconds,
+                           "cpu_seconds": np.nan if cpu_seconds is None else cpu_seconds,
                            "refinement_cost": float(est.attrs.get("refinement_cost", np.nan))}
     if sampler in samplers:
         d = diag.sel(sampler=sampler)
@@ -334,7 +338,8 @@ def _failed_row(name: str, kind: str, message: str, seconds: float) -> dict[str,
     return {"name": name, "status": "failed", "seconds": seconds, "error": f"{kind}: {message}"}
 
 
-_LEADING = ["name", "status", "posterior", "seconds", "refinement_cost", "max_rhat", "min_ess", "divergences"]
+_LEADING = ["name", "status", "posterior", "seconds", "cpu_seconds", "refinement_cost", "max_rhat", "min_ess",
+            "divergences"]
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -407,7 +412,11 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     (``cores=1``): the parallelism is across fits. A fit on a worker gives the same numbers
     as :func:`pgpgm.fit` in this process with the same options and seed (with BLAS limited
     to one thread, as :func:`run_job` does). A worker that dies (e.g. out of memory) fails
-    its job only.
+    its job only (after dask's retries on other workers). Results travel back to this
+    process and are written here, so remote workers need no access to ``out_dir``.
+
+    A rerun recognises a finished job by its verified file alone, not by its options: delete
+    ``<name>.nc`` (or use another ``out_dir``) to refit a job with new options.
 
     Raises
     ------
@@ -471,7 +480,8 @@ def _record(out: Path, job: FitJob, future) -> dict[str, Any]:
     if outcome["ok"]:
         outcome["result"].save(result_path(out, job.name))
         err.unlink(missing_ok=True)
-        return summary_row(job.name, outcome["result"], seconds=outcome["seconds"], warnings_=outcome["warnings"])
+        return summary_row(job.name, outcome["result"], seconds=outcome["seconds"],
+                           cpu_seconds=outcome["cpu_seconds"], warnings_=outcome["warnings"])
     record = {k: outcome[k] for k in ("type", "message", "traceback", "seconds")}
     _atomic_write_text(err, json.dumps({"name": job.name, **record}, indent=1, default=float) + "\n")
     return _failed_row(job.name, outcome["type"], outcome["message"], outcome["seconds"])
