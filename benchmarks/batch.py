@@ -4,7 +4,7 @@ FitzHugh-Nagumo, R observed, data simulated with seeds 0..n-1; every fit has pgp
 default budget (2 chains x (1500 + 2000) gradient-matching iterations) and, unless told
 otherwise, the Laplace posterior (step 4 by NUTS would dominate and is not what this
 measures). Both sides do the same work per fit: BLAS limited to one thread, ``cores=1``
-(:func:`pgpgm.batch.run_job`), and the serial side runs after one warm-up fit (its numba /
+(:func:`pgpgm.batch.run_job`; threadpoolctl on the serial side), and the serial side runs after one warm-up fit (its numba /
 PyTensor compilation is reported apart), while the cluster's time includes starting the
 cluster and each worker's compilation. The cluster's estimates are checked to equal the
 serial ones.
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import distributed
+    from threadpoolctl import threadpool_limits
 
     import pgpgm
     from pgpgm.batch import FitJob, run_job
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
                                                                                          "tune": 50})
     warmup = time.perf_counter() - t
     t, c = time.perf_counter(), time.process_time()
-    serial = [run_job(job, opts)[0] for job in jobs]
+    with threadpool_limits(limits=1):  # as on the workers, whose nanny sets OMP/OPENBLAS/MKL_NUM_THREADS=1
+        serial = [run_job(job, opts)[0] for job in jobs]
     t_serial, cpu_serial = time.perf_counter() - t, time.process_time() - c
     print(f"serial: {t_serial:.1f} s for {a.n} fits ({t_serial / a.n:.2f} s per fit; warm-up {warmup:.1f} s)")
 

@@ -228,19 +228,20 @@ def resolve_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None) -> t
 
 
 def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
-    """Fit one job in this process as a worker of :func:`fit_many` does: BLAS limited to one
-    thread, NUTS chains one after the other (``cores=1``), no progress bar.
+    """Fit one job in this process as a worker of :func:`fit_many` does: NUTS chains one after
+    the other (``cores=1``), no progress bar, warnings collected. (The workers' BLAS runs one
+    thread: dask's nanny sets ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
+    ``MKL_NUM_THREADS`` to 1 before it starts a worker process; this function changes
+    nothing in the calling process.)
 
     Returns
     -------
     (FitResult, list of str) : the result and the messages of the warnings the fit raised.
     """
-    from threadpoolctl import threadpool_limits
-
     from .pipeline import fit
 
     system, data, kwargs = resolve_job(job, fit_defaults)
-    with threadpool_limits(limits=1), warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fit(system, data, job.observed, **kwargs, cores=1, progressbar=False)
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
@@ -354,7 +355,7 @@ def _table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 def _import_distributed():
     try:
-        import distributed
+        from dask import distributed
     except ImportError as exc:
         raise PgpgmError("fit_many needs dask.distributed, which is not installed; install the extra with "
                          "`pip install pgpgm[dask]`") from exc
@@ -408,10 +409,13 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
 
     Notes
     -----
-    Each worker limits BLAS to one thread and runs NUTS chains one after the other
-    (``cores=1``): the parallelism is across fits. A fit on a worker gives the same numbers
-    as :func:`pgpgm.fit` in this process with the same options and seed (with BLAS limited
-    to one thread, as :func:`run_job` does). A worker that dies (e.g. out of memory) fails
+    Each worker is a process with one thread whose BLAS runs one thread (the default
+    LocalCluster's nanny sets ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
+    ``MKL_NUM_THREADS`` to 1 before starting it, as dask's nannies do by default; start
+    workers of your own cluster with a nanny, the ``dask worker`` default) and runs NUTS
+    chains one after the other (``cores=1``): the parallelism is across fits. A fit on a
+    worker gives the same numbers as :func:`pgpgm.fit` in this process with the same
+    options and seed. A worker that dies (e.g. out of memory) fails
     its job only (after dask's retries on other workers). Results travel back to this
     process and are written here, so remote workers need no access to ``out_dir``.
 
@@ -498,7 +502,14 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
         with distributed.Client(scheduler) as c:
             yield c
     else:
+        import dask
+
         n = n_workers or os.cpu_count() or 1
-        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                      dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        one_thread = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS}
+        with dask.config.set(one_thread), distributed.LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as c:
             yield c
+
+
+_BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

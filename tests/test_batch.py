@@ -39,8 +39,10 @@ def datasets(spec):
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+    """A 2-worker cluster made as fit_many makes its default one."""
+    from pgpgm.batch import _cluster_client
+
+    with _cluster_client(distributed, None, None, 2) as c:
         yield c
 
 
@@ -86,6 +88,15 @@ def test_summary_rows_statuses_and_error_file(batch, spec):
         assert row["max_rhat"] == pytest.approx(float(gm["rhat"].max()))
         assert row["refinement_cost"] == pytest.approx(res.estimates.attrs["refinement_cost"])
         assert row["seconds"] > 0 and 0 < row["cpu_seconds"] <= row["seconds"] * 1.05 + 0.5
+
+
+def test_workers_run_blas_on_one_thread(client):
+    """Checked inside the worker processes with threadpoolctl (the fixture's cluster is made as
+    fit_many makes its own)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    numpy_blas = {w: [i["num_threads"] for i in info if i["user_api"] == "blas"]
+                  for w, info in client.run(lambda: (__import__("numpy"), threadpoolctl.threadpool_info())[1]).items()}
+    assert len(numpy_blas) == 2 and all(threads and set(threads) == {1} for threads in numpy_blas.values()), numpy_blas
 
 
 def test_worker_fit_equals_serial_fit(batch, spec, datasets):
@@ -192,6 +203,10 @@ def test_job_builders(spec, datasets, tmp_path):
 
 
 def test_missing_dask_names_the_extra(spec, datasets, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "distributed", None)
+    import dask
+
+    for module in ("distributed", "dask.distributed"):  # as if not installed: importing them fails
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delattr(dask, "distributed", raising=False)
     with pytest.raises(PgpgmError, match=r"pgpgm\[dask\]"):
         pgpgm.fit_many([FitJob("a", spec, datasets["seed1"])], tmp_path, progressbar=False)
