@@ -5,6 +5,7 @@ The pipeline, in the order of the package layout: ``ode`` (model definition) ->
 ``sampling`` (step 2b) -> ``refine`` (step 3) -> ``pipeline`` (:func:`fit`) -> ``result``.
 """
 
+from .batch import FitJob, fit_many, jobs_from_folder, jobs_from_tidy_csv, product_jobs
 from .data import Observations
 from .density import GradientMatchingDensity, build_model, gradient_matching_density
 from .errors import (BackendWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
@@ -31,6 +32,7 @@ __all__ = [
     "LSODA",
     "DataError",
     "Experiment",
+    "FitJob",
     "FitResult",
     "GradientMatchingDensity",
     "GradientMatchingStep",
@@ -53,9 +55,13 @@ __all__ = [
     "build_model",
     "default_solver",
     "fit",
+    "fit_many",
     "gradient_matching_density",
+    "jobs_from_folder",
+    "jobs_from_tidy_csv",
     "load_model",
     "load_result",
+    "product_jobs",
     "refine",
     "sample",
     "sensitivity_index",

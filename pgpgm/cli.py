@@ -115,6 +115,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="uniform prior bounds for every parameter (default: the file's or 0 10)")
     sampling_options(f)
 
+    b = sub.add_parser("batch", parents=[debug], help="fit a model to many data sets on a dask cluster (a folder of CSVs or one tidy "
+                       "CSV with a dataset column); needs pgpgm[dask]")
+    b.add_argument("--model", required=True, help="model name or TOML model file (its first case gives the defaults)")
+    b.add_argument("--data", required=True, type=Path, help="a folder of CSVs (one fit per file, columns "
+                   "time,state,value or time + one column per state) or one CSV with columns dataset,time,state,value")
+    b.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in each data set)")
+    b.add_argument("--scheduler", default=None, help="address of a running dask scheduler, e.g. tcp://host:8786 "
+                   "(default: a LocalCluster on this machine)")
+    b.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
+    b.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE", help="initial values of latent states")
+    b.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
+    b.add_argument("--gamma", type=float, default=None, help="gradient-matching mismatch variance (default 0.3)")
+    b.add_argument("--bounds", nargs=2, type=float, default=None, metavar=("LOWER", "UPPER"),
+                   help="uniform prior bounds for every parameter (default: the file's or 0 10)")
+    sampling_options(b)
+
     s = sub.add_parser("sensitivity", parents=[debug], help="print and write the sensitivity-index table of a model")
     s.add_argument("model", help="model name or TOML file")
     s.add_argument("--case", default=None, help="case whose theta and x0 are used")
@@ -354,6 +370,42 @@ def _fit(a) -> int:
     return EXIT_OK
 
 
+def _batch(a) -> int:
+    """Fit every data set of ``--data``; write one result file per fit and summary.csv to
+    ``--out``. Exit status 0 when every fit succeeded (or was done before), 1 otherwise."""
+    import pgpgm
+    from .batch import jobs_from_folder, jobs_from_tidy_csv
+
+    spec = pgpgm.load_model(a.model)
+    case = spec.case()
+    opts = {"tune": a.tune, "chains": a.chains, "seed": a.seed, **_posterior_options(a),
+            "draws": a.draws if a.draws is not None else max(case.iterations - a.tune, 100)}
+    if a.x0:
+        opts["x0"] = {}
+        for item in a.x0:
+            name, _, value = item.partition("=")
+            try:
+                opts["x0"][name] = float(value)
+            except ValueError:
+                raise UsageError(f"--x0 {item!r}: expected STATE=VALUE with a number, e.g. x2=3.0") from None
+    if a.kernel:
+        opts["kernel"] = a.kernel
+    if a.gamma is not None:
+        opts["gamma"] = a.gamma
+    if a.bounds:
+        opts["priors"] = tuple(a.bounds)
+    out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_batch")
+    build = jobs_from_folder if a.data.is_dir() else jobs_from_tidy_csv
+    jobs = build(a.data, spec, observed=a.observe)
+    table = pgpgm.fit_many(jobs, out, scheduler=a.scheduler, n_workers=a.workers, progressbar=not a.no_progress,
+                           **opts)
+    shown = table[[c for c in ("name", "status", "seconds", "refinement_cost", "max_rhat", "error") if c in table]]
+    print(shown.to_string(index=False))
+    counts = table["status"].value_counts()
+    print(f"\n{len(table)} jobs: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; wrote {out}/")
+    return 0 if not (table["status"] == "failed").any() else 1
+
+
 def _posterior_options(a) -> dict:
     return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
             "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains}
@@ -405,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import PgpgmError
 
     debug = os.environ.get("PGPGM_DEBUG", "") not in ("", "0")
-    commands = {"run": _run, "fit": _fit, "sensitivity": _sensitivity, "list": _list, "info": _info}
+    commands = {"run": _run, "fit": _fit, "batch": _batch, "sensitivity": _sensitivity, "list": _list, "info": _info}
     try:
         a = _parser().parse_args(argv)
         debug = debug or getattr(a, "debug", False)

@@ -1,0 +1,126 @@
+"""Many fits: serial in one process against ``pgpgm.fit_many`` on a LocalCluster.
+
+FitzHugh-Nagumo, R observed, data simulated with seeds 0..n-1; every fit has pgpgm.fit's
+default budget (2 chains x (1500 + 2000) gradient-matching iterations) and, unless told
+otherwise, the Laplace posterior (step 4 by NUTS would dominate and is not what this
+measures). Both sides do the same work per fit: BLAS limited to one thread, ``cores=1``
+(:func:`pgpgm.batch.run_job`; threadpoolctl on the serial side), and the serial side runs after one warm-up fit (its numba /
+PyTensor compilation is reported apart), while the cluster's time includes starting the
+cluster and each worker's compilation. The cluster's estimates are checked to equal the
+serial ones.
+
+Overhead of the cluster: start-up and shutdown of a LocalCluster with no work, and the
+wall time per trivial task (n no-op tasks through the scheduler).
+
+    python benchmarks/batch.py                # 32 fits, 2 workers (the issue's target: >= 1.7x)
+    python benchmarks/batch.py --n 6          # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import RESULTS  # noqa: E402
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=32, help="fits (seeds 0..n-1)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--posterior", choices=("laplace", "nuts", "none"), default="laplace")
+    ap.add_argument("--draws", type=int, default=2000)
+    ap.add_argument("--tune", type=int, default=1500)
+    a = ap.parse_args(argv)
+
+    import distributed
+    from threadpoolctl import threadpool_limits
+
+    import pgpgm
+    from pgpgm.batch import FitJob, run_job
+
+    load_before = os.getloadavg()
+    spec = pgpgm.load_model("fitzhugh-nagumo")
+    case = "R-observed"
+    opts = {"draws": a.draws, "tune": a.tune, "posterior": None if a.posterior == "none" else a.posterior}
+    jobs = [FitJob(f"fhn_R_seed{k}", spec, spec.simulate(case, seed=k), ["R"], case=case) for k in range(a.n)]
+
+    t = time.perf_counter()
+    run_job(FitJob("warmup", spec, spec.simulate(case, seed=10_000), ["R"], case=case), {**opts, "draws": 50,
+                                                                                         "tune": 50})
+    warmup = time.perf_counter() - t
+    t, c = time.perf_counter(), time.process_time()
+    with threadpool_limits(limits=1):  # as on the workers, whose nanny sets OMP/OPENBLAS/MKL_NUM_THREADS=1
+        serial = [run_job(job, opts)[0] for job in jobs]
+    t_serial, cpu_serial = time.perf_counter() - t, time.process_time() - c
+    print(f"serial: {t_serial:.1f} s for {a.n} fits ({t_serial / a.n:.2f} s per fit; warm-up {warmup:.1f} s)")
+
+    out = Path(tempfile.mkdtemp(prefix="pgpgm_batch_bench_"))
+    try:
+        t = time.perf_counter()
+        table = pgpgm.fit_many(jobs, out, n_workers=a.workers, progressbar=False, **opts)
+        t_cluster = time.perf_counter() - t
+        same = all(np.array_equal(pgpgm.load_result(out / f"{j.name}.nc").estimates["theta"].values,
+                                  s.estimates["theta"].values) for j, s in zip(jobs, serial))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    assert (table["status"] == "ok").all(), table[["name", "status", "error"]]
+    print(f"cluster ({a.workers} workers): {t_cluster:.1f} s; speed-up {t_serial / t_cluster:.2f}x; "
+          f"estimates equal to serial: {same}")
+
+    t = time.perf_counter()
+    with distributed.LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        t_up = time.perf_counter() - t
+        c.gather([c.submit(_noop, i, pure=False) for i in range(a.workers)])  # workers have imported the function
+        t = time.perf_counter()
+        c.gather([c.submit(_noop, i, pure=False) for i in range(a.n)])
+        t_tasks = time.perf_counter() - t
+        t = time.perf_counter()
+    t_down = time.perf_counter() - t
+    load_after = os.getloadavg()
+    fit_seconds = table["seconds"].to_numpy()
+    ideal = t_serial / a.workers
+    rows = [
+        ("fits", a.n), ("workers", a.workers), ("posterior", a.posterior), ("draws + tune per chain", a.draws + a.tune),
+        ("serial wall (s)", t_serial), ("serial per fit (s)", t_serial / a.n), ("serial warm-up fit (s)", warmup),
+        ("cluster wall incl. start-up and compilation (s)", t_cluster), ("speed-up", t_serial / t_cluster),
+        ("serial CPU time (s)", cpu_serial),
+        ("median fit time on a worker (s)", float(np.median(fit_seconds))),
+        ("workers' CPU time in fits, total (s)", float(table["cpu_seconds"].sum())),
+        ("speed-up the CPU times allow (serial CPU / (worker CPU / workers))",
+         cpu_serial / (float(table["cpu_seconds"].sum()) / a.workers)),
+        ("cluster wall minus serial/workers, per fit (s)", (t_cluster - ideal) / a.n),
+        ("LocalCluster start-up (s)", t_up), ("LocalCluster shutdown (s)", t_down),
+        (f"trivial task through the scheduler, per task ({a.n} tasks) (ms)", 1000 * t_tasks / a.n),
+        ("estimates equal to serial", same),
+    ]
+    cmd = "python benchmarks/batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [f"# Many fits: serial vs LocalCluster ({datetime.date.today().isoformat()})", "",
+             f"Command: `{cmd.strip()}`", "",
+             f"FitzHugh-Nagumo R observed, seeds 0-{a.n - 1}; load average (1/5/15 min) "
+             f"{'/'.join(f'{x:.2f}' for x in load_before)} before, {'/'.join(f'{x:.2f}' for x in load_after)} after; "
+             f"{os.cpu_count()} CPU cores.", "", "| quantity | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "batch.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

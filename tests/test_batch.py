@@ -1,0 +1,212 @@
+"""Many fits on dask: a real LocalCluster (2 worker processes), results equal to serial fits,
+failures recorded, reruns skip finished jobs, the summary table, the `pgpgm batch` CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import pgpgm
+from pgpgm.batch import FitJob, error_path, jobs_from_folder, jobs_from_tidy_csv, result_path
+from pgpgm.errors import DataError, PgpgmError
+
+distributed = pytest.importorskip("distributed")
+
+CASE = "x1-observed"
+FAST = {"draws": 50, "tune": 50, "posterior": None}
+
+
+def _tidy(ds) -> pd.DataFrame:
+    """A simulated Dataset as a tidy table time,state,value."""
+    y = ds["y"].to_pandas()
+    return (y.reset_index().melt(id_vars="time", var_name="state", value_name="value")
+            .sort_values(["time", "state"]).reset_index(drop=True))
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return pgpgm.load_model("lotka-volterra")
+
+
+@pytest.fixture(scope="module")
+def datasets(spec):
+    return {f"seed{k}": _tidy(spec.simulate(CASE, seed=k)) for k in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A 2-worker cluster made as fit_many makes its default one."""
+    from pgpgm.batch import _cluster_client
+
+    with _cluster_client(distributed, None, None, 2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def batch(spec, datasets, client, tmp_path_factory):
+    """Two good jobs (one with a Laplace posterior), one with a NaN in its data."""
+    out = tmp_path_factory.mktemp("batch")
+    bad = datasets["seed1"].copy()
+    bad.loc[5, "value"] = np.nan
+    jobs = [FitJob("seed1", spec, datasets["seed1"], ["x1"], case=CASE),
+            FitJob("seed2", spec, datasets["seed2"], ["x1"], {"posterior": "laplace", "seed": 3}, case=CASE),
+            FitJob("bad", spec, bad, ["x1"], case=CASE)]
+    table = pgpgm.fit_many(jobs, out, client=client, progressbar=False, **FAST)
+    return jobs, out, table
+
+
+def test_summary_rows_statuses_and_error_file(batch, spec):
+    jobs, out, table = batch
+    assert table["name"].tolist() == ["seed1", "seed2", "bad"]
+    assert table["status"].tolist() == ["ok", "ok", "failed"]
+    assert table["posterior"].tolist()[:2] == ["gradient_matching", "laplace"]
+    assert "DataError" in table.loc[2, "error"] and "NaN" in table.loc[2, "error"]
+    assert table.loc[:1, "error"].tolist() == ["", ""]
+    on_disk = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""])
+    assert on_disk["name"].tolist() == ["seed1", "seed2", "bad"]
+    np.testing.assert_allclose(on_disk["theta1_refined"].to_numpy()[:2], table["theta1_refined"].to_numpy()[:2],
+                               rtol=1e-12)
+    record = json.loads(error_path(out, "bad").read_text())
+    assert record["type"] == "DataError" and "NaN" in record["message"] and "Traceback" in record["traceback"]
+    assert not result_path(out, "bad").exists() and not error_path(out, "seed1").exists()
+    # the row's numbers are the saved result's: refined estimate, posterior mean and 94 % interval, diagnostics
+    for name in ("seed1", "seed2"):
+        res = pgpgm.load_result(result_path(out, name))
+        row = table.set_index("name").loc[name]
+        post = res.posterior.posterior
+        for p, r in zip(spec.system.parameters, res.theta):
+            assert row[f"{p}_refined"] == r
+            assert row[f"{p}_mean"] == pytest.approx(float(post[p].mean()), rel=1e-12)
+            lo, hi = np.quantile(post[p].values.ravel(), [0.03, 0.97])
+            assert row[f"{p}_hdi_3%"] == pytest.approx(lo, rel=1e-12)
+            assert row[f"{p}_hdi_97%"] == pytest.approx(hi, rel=1e-12)
+        gm = res.diagnostics.sel(sampler="gradient_matching")
+        assert row["max_rhat"] == pytest.approx(float(gm["rhat"].max()))
+        assert row["refinement_cost"] == pytest.approx(res.estimates.attrs["refinement_cost"])
+        assert row["seconds"] > 0 and 0 < row["cpu_seconds"] <= row["seconds"] * 1.05 + 0.5
+
+
+def test_workers_run_blas_on_one_thread(client):
+    """Checked inside the worker processes with threadpoolctl (the fixture's cluster is made as
+    fit_many makes its own)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    numpy_blas = {w: [i["num_threads"] for i in info if i["user_api"] == "blas"]
+                  for w, info in client.run(lambda: (__import__("numpy"), threadpoolctl.threadpool_info())[1]).items()}
+    assert len(numpy_blas) == 2 and all(threads and set(threads) == {1} for threads in numpy_blas.values()), numpy_blas
+
+
+def test_worker_fit_equals_serial_fit(batch, spec, datasets):
+    """The Laplace job, fitted in this process with pgpgm.fit and the same options and seed."""
+    jobs, out, _ = batch
+    wide = datasets["seed2"].pivot(index="time", columns="state", values="value").reset_index()
+    serial = pgpgm.fit(spec.system, wide, ["x1"], x0={"x1": 5.0, "x2": 3.0}, priors=spec.priors(CASE),
+                       kernel="rbf", gamma=0.3, draws=50, tune=50, seed=3, posterior="laplace", progressbar=False)
+    remote = pgpgm.load_result(result_path(out, "seed2"))
+    np.testing.assert_array_equal(remote.estimates["theta"].values, serial.estimates["theta"].values)
+    np.testing.assert_array_equal(remote.estimates["x0"].values, serial.estimates["x0"].values)
+    assert list(remote.estimates["estimate"].values) == ["sampled", "refined", "posterior"]
+    np.testing.assert_array_equal(remote.posterior.posterior["theta1"].values,
+                                  serial.posterior.posterior["theta1"].values)
+
+
+def test_rerun_skips_finished_jobs_and_refits_damaged_or_failed(batch, client):
+    jobs, out, first = batch
+    stamps = {j.name: result_path(out, j.name).stat().st_mtime_ns for j in jobs[:2]}
+    # all done: no cluster is contacted at all (an unreachable scheduler would fail)
+    again = pgpgm.fit_many(jobs[:2], out, scheduler="tcp://127.0.0.1:9", progressbar=False, **FAST)
+    assert again["status"].tolist() == ["skipped", "skipped"]
+    assert {n: result_path(out, n).stat().st_mtime_ns for n in stamps} == stamps
+    pd.testing.assert_series_equal(again["theta1_refined"], first["theta1_refined"][:2])
+    # a damaged file is refitted (to the same numbers); the failed job is tried again
+    path = result_path(out, "seed1")
+    path.write_bytes(path.read_bytes()[:5000])
+    third = pgpgm.fit_many(jobs, out, client=client, progressbar=False, **FAST)
+    assert third["status"].tolist() == ["ok", "skipped", "failed"]
+    assert result_path(out, "seed2").stat().st_mtime_ns == stamps["seed2"]
+    assert third.loc[0, "theta1_refined"] == first.loc[0, "theta1_refined"]
+    assert pgpgm.load_result(path).theta[0] == first.loc[0, "theta1_refined"]
+
+
+def test_cli_batch_on_tidy_csv_with_dataset_column(batch, datasets, client, tmp_path, capsys):
+    from pgpgm.cli import main
+
+    _, out_api, api = batch
+    csv = tmp_path / "all.csv"
+    pd.concat([d.assign(dataset=k) for k, d in datasets.items()])[["dataset", "time", "state", "value"]].to_csv(
+        csv, index=False)
+    out = tmp_path / "out"
+    code = main(["batch", "--model", "lotka-volterra", "--data", str(csv), "--out", str(out), "--observe", "x1",
+                 "--scheduler", client.scheduler.address, "--draws", "50", "--tune", "50", "--posterior", "none",
+                 "--no-progress"])
+    assert code == 0
+    table = pd.read_csv(out / "summary.csv")
+    assert table["name"].tolist() == ["seed1", "seed2"] and table["status"].tolist() == ["ok", "ok"]
+    assert "2 jobs: 2 ok" in capsys.readouterr().out
+    # same data, model case and options as the API's job seed1: the same estimates
+    cli_res = pgpgm.load_result(result_path(out, "seed1"))
+    np.testing.assert_array_equal(cli_res.estimates["theta"].values,
+                                  pgpgm.load_result(result_path(out_api, "seed1")).estimates["theta"].values)
+
+
+def test_cli_batch_reports_a_failed_fit_with_exit_status_1(tmp_path, client, datasets):
+    from pgpgm.cli import main
+
+    folder = tmp_path / "csvs"
+    folder.mkdir()
+    bad = datasets["seed1"].copy()
+    bad.loc[3, "time"] = np.nan
+    bad.to_csv(folder / "broken.csv", index=False)
+    code = main(["batch", "--model", "lotka-volterra", "--data", str(folder), "--out", str(tmp_path / "o"),
+                 "--scheduler", client.scheduler.address, "--draws", "50", "--tune", "50", "--no-progress"])
+    assert code == 1
+    assert json.loads((tmp_path / "o" / "broken.error.json").read_text())["type"] == "DataError"
+
+
+# -------------------------------------------------------------------- input checks (no cluster)
+
+
+def test_bad_jobs_are_rejected_before_anything_runs(spec, datasets, tmp_path):
+    with pytest.raises(DataError, match="cannot name a file"):
+        FitJob("../x", spec, datasets["seed1"])
+    with pytest.raises(DataError, match="unknown fit options.*'draw'"):
+        FitJob("a", spec, datasets["seed1"], options={"draw": 5})
+    job = FitJob("a", spec, datasets["seed1"])
+    with pytest.raises(DataError, match="unique.*'a'"):
+        pgpgm.fit_many([job, job], tmp_path, progressbar=False)
+    with pytest.raises(DataError, match="unknown fit options.*'iterations'"):
+        pgpgm.fit_many([job], tmp_path, progressbar=False, iterations=5)
+    assert not (tmp_path / "a.nc").exists()
+
+
+def test_job_builders(spec, datasets, tmp_path):
+    with pytest.raises(DataError, match="missing columns \\['dataset'\\]"):
+        jobs_from_tidy_csv(datasets["seed1"], spec)
+    with pytest.raises(DataError, match="no files"):
+        jobs_from_folder(tmp_path, spec)
+    for k, d in datasets.items():
+        d.to_csv(tmp_path / f"{k}.csv", index=False)
+    jobs = jobs_from_folder(tmp_path, spec, observed=["x1"], options={"seed": 4})
+    assert [j.name for j in jobs] == ["seed1", "seed2"] and jobs[0].observed == ("x1",)
+    from pgpgm.batch import resolve_job
+
+    system, data, kwargs = resolve_job(jobs[1], {"draws": 7, "seed": 1})
+    assert kwargs["seed"] == 4 and kwargs["draws"] == 7 and kwargs["x0"] == {"x1": 5.0, "x2": 3.0}
+    assert kwargs["priors"] == spec.priors(CASE)
+    np.testing.assert_array_equal(data["x1"].to_numpy(), datasets["seed2"]["value"].to_numpy())
+    assert data["time"].is_monotonic_increasing
+    grid = pgpgm.product_jobs({"d1": 1, "d2": 2}, {"lv": spec}, {"short": {"draws": 10}, "long": {"draws": 20}})
+    assert [j.name for j in grid] == ["d1__lv__short", "d1__lv__long", "d2__lv__short", "d2__lv__long"]
+
+
+def test_missing_dask_names_the_extra(spec, datasets, tmp_path, monkeypatch):
+    import dask
+
+    for module in ("distributed", "dask.distributed"):  # as if not installed: importing them fails
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delattr(dask, "distributed", raising=False)
+    with pytest.raises(PgpgmError, match=r"pgpgm\[dask\]"):
+        pgpgm.fit_many([FitJob("a", spec, datasets["seed1"])], tmp_path, progressbar=False)
