@@ -13,6 +13,7 @@ from .errors import (BackendWarning, ConvergenceWarning, DataError, Identifiabil
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
 from .pipeline import fit
+from .posterior import build_ode_model, sample_posterior
 from .priors import Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult, load_result
@@ -53,6 +54,7 @@ __all__ = [
     "available_models",
     "available_solvers",
     "build_model",
+    "build_ode_model",
     "default_solver",
     "fit",
     "fit_many",
@@ -64,6 +66,7 @@ __all__ = [
     "product_jobs",
     "refine",
     "sample",
+    "sample_posterior",
     "sensitivity_index",
     "show_versions",
     "simulate",

@@ -69,9 +69,10 @@ def noise_name(state: str) -> str:
 
 def build_ode_model(
     system: ODESystem,
-    obs: Observations,
+    data,
+    observed: Sequence[str] | None = None,
     *,
-    x0: Sequence[float],
+    x0: Sequence[float] | Mapping[str, float] | None = None,
     priors: Mapping[str, PriorSpec] | PriorSpec | Priors | None = None,
     noise_sd: Sequence[float] | None = None,
     noise_center: Sequence[float] | None = None,
@@ -83,9 +84,12 @@ def build_ode_model(
     Parameters
     ----------
     system : ODESystem
-    obs : the measurements (times (N,), values (N, M) of ``obs.states``)
-    x0 : (S,) initial values; latent entries are used as known, observed entries ignored
-        (they are free variables ``<state>_0``)
+    data : the measurements: an :class:`~pgpgm.data.Observations`, or anything
+        :func:`pgpgm.fit` takes (Dataset of :func:`pgpgm.simulate`, DataFrame, dict)
+    observed : the measured states (default: every state in ``data``)
+    x0 : initial values of the latent states (mapping by name or (S,) vector; observed
+        entries are ignored: they are free variables ``<state>_0``); taken from
+        ``data.attrs["x0"]`` when omitted
     priors : parameter priors, as in :func:`pgpgm.gradient_matching_density`
     noise_sd : (M,) known noise sds; when None every sd is a free ``sigma_<state>`` with a
         LogNormal prior centred on ``noise_center`` (M,) (e.g. the GP estimates)
@@ -99,11 +103,14 @@ def build_ode_model(
         deterministics: every state on ``time_dense``; observed: ``y_<state>`` (time).
         A failed solve is a -inf log density (a rejected proposal / divergence).
     """
+    from .data import as_observations, initial_values
+
+    obs = data if isinstance(data, Observations) else as_observations(data, observed, system)
+    obs_idx = system.index_of_states(obs.states)
+    x0 = initial_values(system, data, x0, obs_idx)
     prior = priors if isinstance(priors, Priors) else Priors.from_user(system.parameters, priors)
     t, Y = obs.times, obs.values
     M = len(obs.states)
-    obs_idx = system.index_of_states(obs.states)
-    x0 = np.asarray(x0, float).reshape(system.n_states)
     if noise_sd is None:
         if noise_center is None:
             raise DataError("give noise_sd (known) or noise_center (the centre of the noise prior)")

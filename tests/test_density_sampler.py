@@ -218,3 +218,14 @@ def test_pymc_step_method_matches_known_gaussian_posterior():
     assert abs(float(th.var()) / v_theta - 1) < 4 * np.sqrt(2 / ess)
     # every chain moves (per-chain state is reset between chains)
     assert np.all(tree.sample_stats["accept_x"].mean("draw").values > 0.2)
+
+
+def test_a_start_with_no_density_names_the_cause(lv):
+    c, ds = _data(lv, "x1-observed")
+    boxed = gradient_matching_density(lv.system, ds, ["x1"], priors=(0, 10))
+    with pytest.raises(pgpgm.PgpgmError, match="theta1 = 11 is outside its prior's support"):
+        sample(boxed, draws=5, tune=5, chains=1, init=[11.0, 1, 4, 1], progressbar=False)
+    wide = gradient_matching_density(lv.system, ds, ["x1"], priors=(-1e6, 1e6))
+    with pytest.raises(pgpgm.PgpgmError, match="latent-state solve fails there") as info:
+        sample(wide, draws=5, tune=5, chains=1, init=[0.0, -400.0, 0.0, 400.0], progressbar=False)
+    assert "prior" not in str(info.value)

@@ -70,7 +70,8 @@ def init(target: GradientMatchingTarget, q0, X0=None) -> ChainState:
     q0 = np.asarray(q0, float)
     logp, theta, lat = target.evaluate(q0, X)
     if not np.isfinite(logp):
-        raise PgpgmError(f"the density is not finite at the starting point {q0.tolist()}")
+        raise PgpgmError(f"the density is not finite at the starting point {q0.tolist()}: "
+                         + target.explain(q0, X))
     if lat is not None:
         X[:, list(d.latent_idx)] = lat
     return ChainState(q0, theta, X, d.statistics(theta, X), logp)

@@ -110,6 +110,31 @@ class GradientMatchingTarget:
         return float(out[0]), theta, lat
 
 
+    def explain(self, q, X) -> str:
+        """Which terms of the model are not finite at q (P,) and X (N, S), in words."""
+        d = self.density
+        terms = self.prior_model.point_logps(self.point(q, X))
+        bad = {k: v for k, v in terms.items() if not np.isfinite(v)}
+        if not bad:
+            return "every term is finite (the total overflows); rescale the data or the parameters"
+        reasons = []
+        for name in bad:
+            if name in d.system.parameters:
+                reasons.append(f"parameter {name} = {q[list(d.system.parameters).index(name)]:.6g} is outside its "
+                               "prior's support; change init= or widen the prior")
+            elif name == "gradient_matching" and d.latent:
+                reasons.append("the latent-state solve fails there (or f is not finite); start elsewhere or check "
+                               "the equations and x0")
+            elif name == "gradient_matching":
+                reasons.append("the right-hand side f is not finite at the observed states; check the equations")
+            elif name.startswith("y_"):
+                reasons.append(f"the observations of {name[2:]} are impossible under the noise model; check data "
+                               "and noise_sd")
+            else:
+                reasons.append(f"the term {name} is {bad[name]}")
+        return "; ".join(reasons)
+
+
 def _refuse_state_terms(density: GradientMatchingDensity, model: pm.Model) -> None:
     """The sweep tracks exactly the density's own terms in the observed states; refuse a model
     with any other term (potential or random variable) that depends on them."""
