@@ -1,4 +1,4 @@
-"""Every published case of METHOD.md over several noise seeds with the default fit (steps 1-4):
+"""Every published case (Chen et al. 2019) over several noise seeds with the default fit (steps 1-4):
 parameter error of the sampled (gradient-matching mean), refined and posterior-mean estimates,
 latent-trajectory RMSE, the final posterior's convergence (max R-hat, min bulk/tail ESS,
 divergences), wall time, ODE solves.

@@ -203,7 +203,7 @@ def gradient_matching_density(
     gp_starts: int = 5,
     seed: int = 0,
 ) -> GradientMatchingDensity:
-    """Describe METHOD.md's density for ``system`` and ``data`` (fits the GPs unless given).
+    """Describe the gradient-matching density (step 2 of the method, see the README) for ``system`` and ``data`` (fits the GPs unless given).
 
     Parameters
     ----------
@@ -249,7 +249,7 @@ def gradient_matching_density(
 
 
 def build_model(system: ODESystem, data, observed: Sequence[str] | None = None, **kwargs) -> pm.Model:
-    """The gradient-matching density of METHOD.md as a ``pm.Model``.
+    """The gradient-matching density (step 2 of the method) as a ``pm.Model``.
 
     Takes the arguments of :func:`gradient_matching_density` and returns
     ``gradient_matching_density(...).model()``. To sample it with pgpgm's element-wise

@@ -53,7 +53,7 @@ def fit(
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
-    Runs METHOD.md's three steps - GP fit per observed state, ``tune + draws``
+    Runs the method's three steps (README, "How it works") - GP fit per observed state, ``tune + draws``
     Metropolis-within-Gibbs iterations per chain on the gradient-matching density
     (chains start apart, see ``init`` of :func:`pgpgm.sample`), least-squares refinement
     from the pooled posterior mean and from each chain's mean, keeping the lowest cost

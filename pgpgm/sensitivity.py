@@ -39,7 +39,7 @@ def sensitivity_index(
     Returns
     -------
     xarray.DataArray, dims (parameter, state)
-        S_ij as in METHOD.md (unscaled by theta_j); NaN where ||x_i|| = 0.
+        S_ij = ||dx_i/dtheta_j|| / ||x_i|| (unscaled by theta_j); NaN where ||x_i|| = 0.
     """
     t = np.linspace(float(t_span[0]), float(t_span[1]), n_points)
     solver = Integrator(system, t, solver or replace(default_solver(), rtol=1e-10, atol=1e-10))

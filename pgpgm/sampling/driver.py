@@ -78,7 +78,7 @@ def sample(
     param_scale=None,
     progressbar: bool = True,
 ):
-    """Run the element-wise Metropolis-within-Gibbs sampler (Step 2 of METHOD.md).
+    """Run the element-wise Metropolis-within-Gibbs sampler (step 2 of the method).
 
     Parameters
     ----------
