@@ -108,6 +108,9 @@ class Kernel:
         h = self.check_hyper(hyper)
         return [self._eval(f"dk_d{s.name}", t, t, h) for s in self._h]
 
+    def __reduce__(self):  # the lambdified functions are rebuilt on first use, not pickled
+        return (type(self), (self.name, self.hyperparameters, self.expr))
+
     def __repr__(self) -> str:
         return f"Kernel({self.name}: {self.expr})"
 
