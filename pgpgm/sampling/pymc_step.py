@@ -14,7 +14,7 @@ from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from ..density import GradientMatchingDensity
 from ..errors import PgpgmError
 from . import adapt, kernel
-from .driver import initial_params
+from .schemes import initial_params
 from .kernel import ChainState, StepParams
 from .target import GradientMatchingTarget
 
