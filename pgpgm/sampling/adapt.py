@@ -4,11 +4,11 @@ Element-wise scheme (:func:`update`): every ``window`` iterations each proposal 
 multiplied by exp(2 (acceptance rate over the window - 0.44)).
 
 Block scheme (:func:`block_update`): the sweep's state sds as above; the block proposal
-covariance from the draws of z in windows that restart (Haario et al. 2001's adaptive
-Metropolis, with Stan-like doubling windows: the first window's draws, taken far from
-the bulk, are forgotten): at the end of each window the covariance becomes
-2.38^2 / d times the window's empirical covariance, shrunk toward the previous one's
-diagonal; its multiplier ``scale`` follows a Robbins-Monro recursion
+covariance from the draws of z in doubling windows that restart (Haario et al. 2001's
+adaptive Metropolis with Stan-like windows: the first window's draws, taken far from the
+bulk, are forgotten): at the end of each window the covariance becomes 2.38^2 / d times
+the empirical covariance of this window and the one before, shrunk toward the previous
+covariance's diagonal; its multiplier ``scale`` follows a Robbins-Monro recursion
 log scale += (t + 1)^-0.6 (acceptance probability - 0.234), restarted at every window.
 """
 
@@ -74,54 +74,81 @@ def window_ends(tune: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class Moments:
+    """Running count n, mean (d,) and sum of squared deviations m2 (d, d) (Welford)."""
+
+    n: int
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def empty(cls, dim: int) -> Moments:
+        return cls(0, np.zeros(dim), np.zeros((dim, dim)))
+
+    def add(self, z: np.ndarray) -> Moments:
+        n = self.n + 1
+        delta = z - self.mean
+        mean = self.mean + delta / n
+        return Moments(n, mean, self.m2 + np.outer(delta, z - mean))
+
+    def merge(self, other: Moments) -> Moments:
+        n = self.n + other.n
+        if n == 0:
+            return self
+        delta = other.mean - self.mean
+        return Moments(n, self.mean + delta * other.n / n,
+                       self.m2 + other.m2 + np.outer(delta, delta) * self.n * other.n / n)
+
+
+@dataclass(frozen=True)
 class BlockAdaptation:
     """Tuning state of the block scheme.
 
     counts_x : (N, M) sweep acceptances over the current state-scale window of n_x
-    iterations; t : Robbins-Monro steps since the last covariance update; n, mean (d,),
-    m2 (d, d) : Welford sums of z over the current covariance window; it : iterations
-    so far; ends : :func:`window_ends`.
+    iterations; t : Robbins-Monro steps since the last covariance update; window : moments
+    of z over the current covariance window; previous : those of the window before (None
+    during the first window, whose draws are the burn-in and are forgotten); it :
+    iterations so far; ends : :func:`window_ends`.
     """
 
     counts_x: np.ndarray
     n_x: int
     t: int
-    n: int
-    mean: np.ndarray
-    m2: np.ndarray
+    window: Moments
+    previous: Moments | None
     it: int
     ends: tuple[int, ...]
 
     @classmethod
     def start(cls, params: BlockParams, tune: int) -> BlockAdaptation:
-        dim = params.chol.shape[0]
-        return cls(np.zeros_like(params.state_scale), 0, 0, 0, np.zeros(dim), np.zeros((dim, dim)), 0,
+        return cls(np.zeros_like(params.state_scale), 0, 0, Moments.empty(params.chol.shape[0]), None, 0,
                    window_ends(tune))
 
 
 def block_update(params: BlockParams, ad: BlockAdaptation, z: np.ndarray,
                  info: BlockInfo) -> tuple[BlockParams, BlockAdaptation]:
-    """One tuning iteration of the block scheme, given z (d,) after the step."""
+    """One tuning iteration of the block scheme, given z (d,) after the step. At the end of a
+    window the covariance is estimated from this window and the one before (not the first)."""
     counts, n_x, state_scale = ad.counts_x + info.accepted_x, ad.n_x + 1, params.state_scale
     if n_x == WINDOW:
         state_scale = state_scale * np.exp(2.0 * (counts / WINDOW - TARGET_ACCEPT))
         counts, n_x = np.zeros_like(counts), 0
     log_scale = np.log(params.scale) + (ad.t + 1) ** -0.6 * (float(np.mean(info.accept_prob)) - BLOCK_TARGET_ACCEPT)
-    n = ad.n + 1
-    delta = z - ad.mean
-    mean = ad.mean + delta / n
-    m2 = ad.m2 + np.outer(delta, z - mean)
+    window = ad.window.add(z)
     it = ad.it + 1
     params = replace(params, state_scale=state_scale, scale=float(np.exp(log_scale)))
     if it not in ad.ends:
-        return params, replace(ad, counts_x=counts, n_x=n_x, t=ad.t + 1, n=n, mean=mean, m2=m2, it=it)
+        return params, replace(ad, counts_x=counts, n_x=n_x, t=ad.t + 1, window=window, it=it)
     dim = z.size
+    pooled = window if ad.previous is None else ad.previous.merge(window)
+    n = pooled.n
     previous = params.chol @ params.chol.T
-    cov = m2 / max(n - 1, 1)
-    cov = n / (n + 5.0) * cov + 5.0 / (n + 5.0) * 1e-2 * np.diag(np.diag(previous))
+    cov = n / (n + 5.0) * pooled.m2 / max(n - 1, 1) + 5.0 / (n + 5.0) * 1e-2 * np.diag(np.diag(previous))
     try:
         chol = np.linalg.cholesky(2.38**2 / dim * cov)
     except np.linalg.LinAlgError:  # keep the previous covariance
         chol = params.chol
     params = replace(params, chol=chol, scale=1.0)
-    return params, BlockAdaptation(counts, n_x, 0, 0, np.zeros(dim), np.zeros((dim, dim)), it, ad.ends)
+    # the first window is burn-in and forgotten; every later one is pooled with the next
+    kept = None if it == ad.ends[0] else window
+    return params, BlockAdaptation(counts, n_x, 0, Moments.empty(dim), kept, it, ad.ends)

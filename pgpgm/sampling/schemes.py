@@ -80,7 +80,7 @@ class Block:
     n_moves : block moves per iteration (each one ODE solve)
     """
 
-    n_moves: int = 2
+    n_moves: int = 4
     name: ClassVar[str] = "block"
 
     def __post_init__(self):
