@@ -217,6 +217,9 @@ def test_bad_sampler_settings():
         Block(n_moves=0)
     with pytest.raises(pgpgm.PgpgmError, match="constrained"):
         sample(GradientMatchingTarget(density, space="value"), progressbar=False)
+    # checked before any worker process starts
+    with pytest.raises(DataError, match="not finite at the start \\[60.0\\] of chain 0"):
+        sample(density, init=[60.0], cores=2, progressbar=False)
 
 
 def test_tuning_windows():

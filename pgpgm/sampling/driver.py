@@ -167,6 +167,9 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
             break
         else:
             raise PgpgmError("20 prior draws gave no finite density to start a chain from; pass init=...")
+        if strategy != "prior" and not np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
+            raise DataError(f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
+                            "outside the priors' support, or the latent-state solve fails there; pass other init values")
     return jobs
 
 

@@ -32,7 +32,7 @@ class GradientMatchingStepState(DataClassState):
 
 
 class GradientMatchingStep(BlockedStep):
-    """The Metropolis-within-Gibbs scheme of :func:`pgpgm.sample` as a PyMC step method.
+    """The paper's element-wise scheme (``pgpgm.sample(..., scheme="elementwise")``) as a PyMC step method.
 
     Parameters
     ----------
@@ -51,7 +51,7 @@ class GradientMatchingStep(BlockedStep):
             idata = pm.sample(step=step, initvals=density.initial_point(theta0), cores=1)
 
     Parameter proposals act on PyMC's (transformed) value variables; burn-in adaptation
-    and the O(N) sweep are those of :func:`pgpgm.sample`.
+    and the O(N) sweep are those of the element-wise scheme of :func:`pgpgm.sample`.
     """
 
     name = "gradient_matching_metropolis"
