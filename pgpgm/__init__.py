@@ -18,6 +18,7 @@ from .priors import Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult, load_result
 from .sampling import GradientMatchingStep, GradientMatchingTarget, sample
+from .sampling.schemes import Block, Elementwise
 from .sensitivity import sensitivity_index
 from .simulate import simulate
 from .solve import CVODE, LSODA, Integrator, SksundaeCVODE, Solver, available_solvers, default_solver
@@ -25,6 +26,8 @@ from .solve.op import ODEOp
 from .versions import show_versions
 
 __all__ = [
+    "Block",
+    "Elementwise",
     "BackendWarning",
     "ConvergenceWarning",
     "IdentifiabilityWarning",

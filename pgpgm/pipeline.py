@@ -40,6 +40,7 @@ def fit(
     chains: int = 2,
     seed: int | None = 0,
     init="spread",
+    scheme="block",
     refine_x0: bool = True,
     true_theta=None,
     solver: Solver | None = None,
@@ -70,6 +71,7 @@ def fit(
 
     Parameters are those of :func:`pgpgm.gradient_matching_density` and :func:`pgpgm.sample`;
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
+    ``scheme`` is the gradient-matching step's (``"block"`` or the paper's ``"elementwise"``);
     ``refine_x0`` also refines the observed states' initial values (started at their
     posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
@@ -120,7 +122,9 @@ def fit(
     density = gradient_matching_density(system, data, obs.states, x0=x0, kernel=kernel, gamma=gamma, priors=priors,
                                         noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed)
     t1 = time.perf_counter()
-    tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, progressbar=progressbar)
+    # step 2 in this process (cores=1): worker processes would each compile the model again
+    tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
+                  progressbar=progressbar)
     timings["sampling"] = time.perf_counter() - t1
     n_sampling = integrator.n_solves
     post = tree.posterior

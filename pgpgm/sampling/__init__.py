@@ -1,14 +1,19 @@
 """Step 2b: sampling the gradient-matching density.
 
-``target`` (what a density offers the sampler) -> ``kernel`` (one pure step) ->
-``adapt`` (burn-in proposal scales) -> ``start`` (where chains begin) -> ``driver``
-(chains and the DataTree) -> ``pymc_step`` (the same step inside ``pm.sample``).
+``target`` (what a density offers the sampler) -> ``kernel`` (the chain state, the state
+sweep, the paper's element-wise step) and ``block`` (the default block step, with
+``conditional``: the observed states' Gaussian given the parameters) -> ``adapt`` (burn-in
+tuning) -> ``schemes`` (a step with its tuning, by name) -> ``start`` (where chains begin)
+-> ``driver`` (chains, worker processes and the DataTree) -> ``pymc_step`` (the element-wise
+step inside ``pm.sample``).
 """
 
+from .block import BlockInfo, BlockParams, Coordinates, block_step
 from .driver import sample
 from .kernel import ChainState, StepInfo, StepParams, step
 from .pymc_step import GradientMatchingStep
+from .schemes import Block, Elementwise, get_scheme
 from .target import GradientMatchingTarget
 
-__all__ = ["ChainState", "GradientMatchingStep", "GradientMatchingTarget", "StepInfo", "StepParams", "sample",
-           "step"]
+__all__ = ["Block", "BlockInfo", "BlockParams", "ChainState", "Coordinates", "Elementwise", "GradientMatchingStep",
+           "GradientMatchingTarget", "StepInfo", "StepParams", "block_step", "get_scheme", "sample", "step"]

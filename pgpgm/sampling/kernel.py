@@ -1,4 +1,4 @@
-"""One iteration of the element-wise Metropolis-within-Gibbs scheme, as a pure step.
+"""The chain state and one iteration of the paper's element-wise scheme, as a pure step.
 
 ``step(rng, state, params, target) -> (state, info)`` (as blackjax writes its kernels):
 
@@ -12,12 +12,14 @@
 3. every parameter in turn gets a Gaussian proposal (sd ``params.param_scale[j]``); the
    latent states are re-integrated and the move accepted by the full model density.
 
-The state is small and immutable; the step copies what it changes.
+The state is small and immutable; the step copies what it changes. The state sweep
+(:func:`sweep_states`) is shared with the block scheme (:mod:`pgpgm.sampling.block`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numba
 import numpy as np
@@ -33,7 +35,10 @@ class ChainState:
 
     q : (P,) the sampler's parameter coordinates; theta : (P,) the parameters;
     X : (N, S) every state (observed: sampled; latent: integrated);
-    stats : the maintained vectors at (theta, X); logp : the model log density.
+    stats : the maintained vectors at (theta, X); logp : the model log density;
+    conditional : the block scheme's Gaussian of the observed states given the current
+    parameters (:class:`~pgpgm.sampling.conditional.ConditionalGaussian`; None until
+    the block scheme computes it, and in the element-wise scheme).
     """
 
     q: np.ndarray
@@ -41,6 +46,7 @@ class ChainState:
     X: np.ndarray
     stats: SweepStatistics
     logp: float
+    conditional: Any = None
 
 
 @dataclass(frozen=True)
@@ -82,21 +88,32 @@ def anchor(state: ChainState, target: GradientMatchingTarget) -> ChainState:
     return replace(state, logp=target.evaluate(state.q, state.X)[0])
 
 
-def step(rng: np.random.Generator, state: ChainState, params: StepParams,
-         target: GradientMatchingTarget) -> tuple[ChainState, StepInfo]:
-    """One Metropolis-within-Gibbs iteration; returns the new state and what moved."""
+def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.ndarray, move_states: np.ndarray,
+                 target: GradientMatchingTarget) -> tuple[ChainState, np.ndarray]:
+    """One pass of Gaussian single-value proposals (sds ``state_scale`` (N, M)) over the
+    observed-state values of the states ``move_states`` (M,), each accepted in O(N) from the
+    maintained vectors; the values at ``times[0]`` are left alone when latent states exist
+    (they are the solve's initial values). Returns the new state and acceptances (N, M)."""
     d, a = target.density, target.arrays
     N, M = d.obs.values.shape
     X, st = state.X.copy(), state.stats
     F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
     accepted = np.zeros((N, M))
-    # 1. state values, O(N) each, compiled
-    delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, params.move_states,
+    delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, move_states,
                    1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
-                   w, r, z, F, params.state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
+                   w, r, z, F, state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
                    accepted)
-    q, theta, logp = state.q, state.theta, state.logp + delta
-    stats = SweepStatistics(F, w, r, z)
+    return replace(state, X=X, stats=SweepStatistics(F, w, r, z), logp=state.logp + delta), accepted
+
+
+def step(rng: np.random.Generator, state: ChainState, params: StepParams,
+         target: GradientMatchingTarget) -> tuple[ChainState, StepInfo]:
+    """One Metropolis-within-Gibbs iteration; returns the new state and what moved."""
+    d = target.density
+    M = d.obs.values.shape[1]
+    # 1. state values, O(N) each, compiled
+    swept, accepted = sweep_states(rng, state, params.state_scale, params.move_states, target)
+    X, q, theta, logp, stats = swept.X, swept.q, swept.theta, swept.logp, swept.stats
     # 2. values at t_0 move the latent states' solve: full density
     for m in range(M if d.latent else 0):
         if not params.move_states[m]:

@@ -14,7 +14,7 @@ from pymc.util import get_random_generator, get_value_vars_from_user_vars
 from ..density import GradientMatchingDensity
 from ..errors import PgpgmError
 from . import adapt, kernel
-from .driver import initial_params
+from .schemes import initial_params
 from .kernel import ChainState, StepParams
 from .target import GradientMatchingTarget
 
@@ -32,7 +32,7 @@ class GradientMatchingStepState(DataClassState):
 
 
 class GradientMatchingStep(BlockedStep):
-    """The Metropolis-within-Gibbs scheme of :func:`pgpgm.sample` as a PyMC step method.
+    """The paper's element-wise scheme (``pgpgm.sample(..., scheme="elementwise")``) as a PyMC step method.
 
     Parameters
     ----------
@@ -51,7 +51,7 @@ class GradientMatchingStep(BlockedStep):
             idata = pm.sample(step=step, initvals=density.initial_point(theta0), cores=1)
 
     Parameter proposals act on PyMC's (transformed) value variables; burn-in adaptation
-    and the O(N) sweep are those of :func:`pgpgm.sample`.
+    and the O(N) sweep are those of the element-wise scheme of :func:`pgpgm.sample`.
     """
 
     name = "gradient_matching_metropolis"

@@ -11,10 +11,12 @@ refused at construction, because the sweep updates the density incrementally.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pymc as pm
+from pymc.logprob.transforms import LogTransform
 from pymc.model.transform.conditioning import remove_value_transforms
 from pytensor.graph.traversal import ancestors
 
@@ -28,7 +30,11 @@ class SweepArrays:
 
     Cinv, Dt (= D^T), P (= (A + gamma I)^-1), PDt (= (P D)^T) : (M, N, N);
     D : (M, N, N); dtpd : (M, N) diag(D^T P D); inv_var : (M,) 1/sigma^2; mu : (M,);
-    obs_idx : (M,) state indices.
+    obs_idx : (M,) state indices. For the block scheme's conditional Gaussian
+    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data;
+    lin : (M, N) C^-1 mu 1 + y / sigma^2 (the linear term of the GP prior and likelihood);
+    Dmu : (M, N) D mu 1; gp_mean : (N, M) GP posterior means of the observed states;
+    lat_idx : (L,) latent state indices.
     """
 
     Cinv: np.ndarray
@@ -40,6 +46,12 @@ class SweepArrays:
     inv_var: np.ndarray
     mu: np.ndarray
     obs_idx: np.ndarray
+    DtPD: np.ndarray
+    Y: np.ndarray
+    lin: np.ndarray
+    Dmu: np.ndarray
+    gp_mean: np.ndarray
+    lat_idx: np.ndarray
 
     @classmethod
     def from_density(cls, d: GradientMatchingDensity) -> SweepArrays:
@@ -47,9 +59,14 @@ class SweepArrays:
         D = np.stack([k.matching.D for k in d.terms])
         P = np.ascontiguousarray(np.stack([k.grad_precision for k in d.terms]))
         PD = P @ D
-        return cls(Cinv, D, np.ascontiguousarray(D.transpose(0, 2, 1)), P, np.ascontiguousarray(PD.transpose(0, 2, 1)),
-                   np.einsum("mji,mji->mi", D, PD), 1.0 / d.noise_sd**2, np.array([k.matching.mean for k in d.terms]),
-                   np.array(d.observed_idx, dtype=np.int64))
+        Dt = np.ascontiguousarray(D.transpose(0, 2, 1))
+        inv_var = 1.0 / d.noise_sd**2
+        mu = np.array([k.matching.mean for k in d.terms])
+        Y = d.obs.values
+        return cls(Cinv, D, Dt, P, np.ascontiguousarray(PD.transpose(0, 2, 1)), np.einsum("mji,mji->mi", D, PD),
+                   inv_var, mu, np.array(d.observed_idx, dtype=np.int64), Dt @ PD,
+                   Y, mu[:, None] * Cinv.sum(axis=2) + inv_var[:, None] * Y.T, mu[:, None] * D.sum(axis=2),
+                   d.gp_posterior_means(), np.array(d.latent_idx, dtype=np.int64))
 
     def conditional_sd(self) -> np.ndarray:
         """(N, M) sd of each state value given all others (the sweep's default proposal scale / 1.5)."""
@@ -70,6 +87,7 @@ class GradientMatchingTarget:
 
     Attributes
     ----------
+    space : ``"constrained"`` or ``"value"``, as given
     coordinate_names : (P,) names of the sampler's parameter coordinates in the model point
     arrays : :class:`SweepArrays`
     n_logp_evals : full density evaluations so far
@@ -80,6 +98,7 @@ class GradientMatchingTarget:
         if space not in ("constrained", "value"):
             raise ValueError("space must be 'constrained' or 'value'")
         self.density = density
+        self.space = space
         self.model = density.model() if model is None else model
         _refuse_state_terms(density, self.model)
         m = remove_value_transforms(self.model) if space == "constrained" else self.model
@@ -92,6 +111,71 @@ class GradientMatchingTarget:
         self._fn = m.compile_fn(outs, point_fn=True)
         self.arrays = SweepArrays.from_density(density)
         self.n_logp_evals = 0
+
+    @cached_property
+    def parameter_function(self):
+        """The model's terms in the parameters alone (prior, terms a user added on
+        parameters), the parameters and the latent states, compiled on first use
+        (:meth:`parameter_part`)."""
+        m, d = self.prior_model, self.density
+        own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in d.obs.states), *d.obs.states}
+        terms = [v for v in (*m.basic_RVs, *m.potentials) if v.name not in own]
+        outs = [m.logp(vars=terms), *m.replace_rvs_by_values([m[p] for p in d.system.parameters])]
+        if d.latent:
+            outs += m.replace_rvs_by_values([m[n] for n in d.latent])
+        return m.compile_fn(outs, point_fn=True)
+
+    @cached_property
+    def log_normaliser(self) -> float:
+        """The constant the model's log density carries beyond :meth:`state_part`'s
+        quadratic forms: the Normal likelihood's -N/2 log(2 pi sigma^2) per observed state."""
+        N = self.density.obs.times.size
+        return float(np.sum(-0.5 * N * np.log(2 * np.pi) - N * np.log(self.density.noise_sd)))
+
+    def parameter_part(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """The log density's terms in the parameters alone, the parameters (P,) and the
+        latent states (N, L) at coordinates q (P,): one ODE solve from the observed states'
+        values ``X[0]`` (N, S; only row 0 is read). ``parameter_part(q, X)[0] +
+        state_part(X, stats)`` equals ``evaluate(q, X)[0]``."""
+        self.n_logp_evals += 1
+        latent = self.arrays.lat_idx.size > 0
+        if latent:
+            point = self.point(q, X)
+        else:  # no solve: the parameters alone
+            point = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
+        out = self.parameter_function(point)
+        P = self.density.system.n_parameters
+        theta = np.array([float(v) for v in out[1 : P + 1]])
+        lat = np.column_stack(out[P + 1 :]) if latent else None
+        if latent and not np.all(np.isfinite(lat)):
+            return -np.inf, theta, lat
+        return float(out[0]), theta, lat
+
+    def state_part(self, X, stats) -> float:
+        """The density's terms in the states: GP prior, likelihood and gradient matching,
+        from the maintained vectors ``stats`` (:meth:`~pgpgm.density.GradientMatchingDensity.statistics`)
+        at states X (N, S), in O(N M)."""
+        a = self.arrays
+        xm = X[:, a.obs_idx].T  # (M, N)
+        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.inv_var[:, None] * (a.Y.T - xm) ** 2)
+        q += np.sum(stats.r * stats.z)
+        return -0.5 * float(q) + self.log_normaliser
+
+    def lower_bounds(self) -> np.ndarray:
+        """(P,) the lower end of each parameter's support (-inf when unbounded below), read
+        from the model's value transforms (interval and log transforms)."""
+        m = self.model
+        out = np.full(self.density.system.n_parameters, -np.inf)
+        for j, p in enumerate(self.density.system.parameters):
+            rv = m[p]
+            tr = m.rvs_to_transforms.get(rv)
+            if isinstance(tr, LogTransform):
+                out[j] = 0.0
+            elif hasattr(tr, "get_a_and_b"):
+                lo, _, bounded, _ = tr.get_a_and_b(rv.owner.inputs)
+                if bounded:
+                    out[j] = float(lo.eval())
+        return out
 
     def point(self, q, X) -> dict[str, Any]:
         """The model point at parameter coordinates q (P,) and states X (N, S)."""
