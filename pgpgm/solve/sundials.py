@@ -213,12 +213,12 @@ def library() -> SimpleNamespace | None:
     """Load SUNDIALS CVODE (version 7) once; None when no usable copy exists (see :func:`status`).
 
     The namespace holds the bound functions (``lib.CVodeInit`` ...), ``directory``,
-    ``version`` and ``drive``, a compiled loop over the output times.
+    and ``version``.
     """
     st, funcs, _ = _load()
     if funcs is None:
         return None
-    return SimpleNamespace(directory=st.directory, version=st.version, drive=_make_driver(funcs), **funcs)
+    return SimpleNamespace(directory=st.directory, version=st.version, **funcs)
 
 
 def _clear_caches() -> None:
@@ -246,27 +246,3 @@ def warn_fallback(fallback_name: str) -> None:
                   f"{fallback_name!r} backend (a Python call per right-hand-side evaluation). Reason: {st.reason}. "
                   "`pgpgm info` shows what was found.", BackendWarning,
                   skip_file_prefixes=(_PACKAGE_DIR,))  # point at the user's code that asked for a solve
-
-
-def _make_driver(funcs):
-    """A numba loop over the output times: CVode and the copy-out run without Python."""
-    import numba
-
-    addr = ctypes.cast(funcs["CVode"], ctypes.c_void_p).value
-    cvode = ctypes.CFUNCTYPE(_int, _vp, _real, _vp, _vp, _int)(addr)
-    get_data = funcs["N_VGetArrayPointer"]
-
-    @numba.njit(cache=False)
-    def drive(mem, y, times, out, tret):
-        """Fill out[1:] with the solution at times[1:]; returns (flag, index reached)."""
-        n = out.shape[1]
-        yv = numba.carray(get_data(y), (n,))
-        for i in range(1, times.shape[0]):
-            flag = cvode(mem, times[i], y, tret.ctypes.data, CV_NORMAL)
-            if flag < 0:
-                return flag, i
-            for j in range(n):
-                out[i, j] = yv[j]
-        return 0, times.shape[0]
-
-    return drive
