@@ -9,7 +9,7 @@ from .batch import FitJob, fit_many, jobs_from_folder, jobs_from_tidy_csv, produ
 from .data import Observations
 from .density import GradientMatchingDensity, build_model, gradient_matching_density
 from .errors import (BackendWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
-                     ODESolveError, PgpgmError, ResultFileError)
+                     ODESolveError, PgpgmError, ResultFileError, SamplingError)
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
 from .pipeline import fit
@@ -52,6 +52,7 @@ __all__ = [
     "PgpgmError",
     "Priors",
     "Refinement",
+    "SamplingError",
     "SksundaeCVODE",
     "Solver",
     "available_models",

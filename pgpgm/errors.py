@@ -17,6 +17,12 @@ class ODESolveError(PgpgmError, RuntimeError):
     """A numerical ODE solve failed (solver error flag, too many steps, non-finite state)."""
 
 
+class SamplingError(PgpgmError, RuntimeError):
+    """Step 2 cannot run: no chain start with a finite density from an ``init`` strategy
+    (prior median, prior draws, the density's mode), or a sampling worker process failed.
+    A start the user gave that has no finite density is a :class:`DataError`."""
+
+
 class BackendWarning(UserWarning):
     """pgpgm uses a slower ODE backend than the compiled CVODE one (``pgpgm info`` says why)."""
 

@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from ..density import GradientMatchingDensity
-from ..errors import DataError, PgpgmError
+from ..errors import DataError, PgpgmError, SamplingError
 from .kernel import anchor, init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
@@ -166,10 +166,14 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
             jobs.append((c, theta0, rng))
             break
         else:
-            raise PgpgmError("20 prior draws gave no finite density to start a chain from; pass init=...")
+            raise SamplingError(f"20 prior draws gave no finite density to start chain {c} from; pass init values "
+                                "(init=[...]) or narrower priors")
         if strategy != "prior" and not np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
-            raise DataError(f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
-                            + target.explain(theta0, _gp_start(target)) + "; pass other init values")
+            where = (f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
+                     + target.explain(theta0, _gp_start(target)))
+            if not isinstance(init, str):  # the user's values: bad input
+                raise DataError(where + "; pass other init values")
+            raise SamplingError(where + "; pass init values (init=[...]) where the density is finite")
     return jobs
 
 
@@ -194,7 +198,7 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
         open_channels = list(channels)
         while len(results) < len(jobs):
             if not open_channels:
-                raise PgpgmError("sampling worker processes ended before their chains finished (exit codes "
+                raise SamplingError("sampling worker processes ended before their chains finished (exit codes "
                                  f"{[p.wait() for p in procs]}); their error output is above")
             for ch in wait(open_channels, timeout=5.0):
                 try:
@@ -207,7 +211,7 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
                 elif kind == "done":
                     results[chain] = value
                 else:
-                    raise PgpgmError(f"chain {chain} failed in its worker process:\n{value}")
+                    raise SamplingError(f"chain {chain} failed in its worker process:\n{value}")
     finally:
         for ch in channels:
             ch.close()
