@@ -1,6 +1,7 @@
 """The sampling schemes against exact posteriors, the state Gaussian against the model's own
 log density, reproducibility, worker processes, and the paper's scheme unchanged."""
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -9,12 +10,14 @@ import numpy as np
 import pymc as pm
 import pytest
 from scipy import integrate
+from threadpoolctl import threadpool_limits
 
 import pgpgm
 from pgpgm import DataError, ODESystem, gradient_matching_density, sample
-from pgpgm.sampling import Block, GradientMatchingTarget, kernel
+from pgpgm.sampling import Block, GradientMatchingTarget, driver, kernel
 from pgpgm.sampling.adapt import window_ends
 from pgpgm.sampling.conditional import conditional_gaussian
+from pgpgm.sampling.target import SweepArrays
 from tests.test_density_sampler import _gaussian_case
 
 REFERENCE = Path(__file__).parent / "data" / "elementwise_reference.npz"
@@ -181,15 +184,49 @@ def test_seeded_runs_repeat_and_differ_across_seeds(lv):
     assert np.all(np.ptp(a.posterior["theta1"].values, axis=1) > 0)
 
 
-def test_draws_do_not_depend_on_the_number_of_processes(lv):
-    density, _ = _lv_x1(lv)
+def test_draws_do_not_depend_on_the_number_of_processes(lv, monkeypatch):
+    # 150 times: from about this size a matrix product with BLAS on 2 threads rounds
+    # differently from 1 thread, so a worker deriving the sampler's arrays under another
+    # thread setting than this process would give other draws (it did before the arrays
+    # were computed on one thread everywhere; with 20 times this test could not see that)
+    c = lv.case("x1-observed")
+    ds = pgpgm.simulate(lv.system, c.theta, c.x0, np.linspace(0, 2, 150), observed=c.observed,
+                        noise_sd=c.noise_sd, seed=1)
+    density = gradient_matching_density(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))
     kw = {"draws": 40, "tune": 40, "chains": 3, "seed": 9, "progressbar": False}
     one = sample(density, cores=1, **kw)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("with cores=2 no chain runs in this process")
+
+    monkeypatch.setattr(driver, "run_chain", not_here)
     two = sample(density, cores=2, **kw)  # chains 0 and 2 in one worker, chain 1 in the other
     for v in ("theta1", "theta4", "x1", "x2"):
         np.testing.assert_array_equal(one.posterior[v].values, two.posterior[v].values)
     np.testing.assert_array_equal(one.sample_stats["lp"].values, two.sample_stats["lp"].values)
+    assert np.all(np.ptp(one.posterior["theta1"].values, axis=1) > 0)  # every chain moved
     assert '"cores": 2' in two.attrs["pgpgm_settings"]
+
+
+def test_sampler_arrays_do_not_depend_on_the_callers_blas_threads(lv):
+    # the cause of the test above, directly: the same bits under 1 and 2 BLAS threads
+    c = lv.case("x1-observed")
+    ds = pgpgm.simulate(lv.system, c.theta, c.x0, np.linspace(0, 2, 150), observed=c.observed,
+                        noise_sd=c.noise_sd, seed=1)
+    density = gradient_matching_density(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))
+    with threadpool_limits(limits=1):
+        one = SweepArrays.from_density(density)
+    with threadpool_limits(limits=2):
+        two = SweepArrays.from_density(density)
+        # and the product it guards against does round differently on two threads here
+        # (this machine; skipped where a single core makes both settings alike)
+        PD2 = density.terms[0].grad_precision @ density.terms[0].matching.D
+    with threadpool_limits(limits=1):
+        PD1 = density.terms[0].grad_precision @ density.terms[0].matching.D
+    for f in dataclasses.fields(SweepArrays):
+        np.testing.assert_array_equal(getattr(one, f.name), getattr(two, f.name), err_msg=f.name)
+    if np.array_equal(PD1, PD2):
+        pytest.skip("BLAS rounds alike on 1 and 2 threads on this machine")
 
 
 def test_density_pickles_and_evaluates_the_same_after(lv):

@@ -19,6 +19,7 @@ import pymc as pm
 from pymc.logprob.transforms import LogTransform
 from pymc.model.transform.conditioning import remove_value_transforms
 from pytensor.graph.traversal import ancestors
+from threadpoolctl import threadpool_limits
 
 from ..density import GradientMatchingDensity
 from ..errors import PgpgmError
@@ -55,6 +56,15 @@ class SweepArrays:
 
     @classmethod
     def from_density(cls, d: GradientMatchingDensity) -> SweepArrays:
+        """The arrays of density ``d``, computed with BLAS on one thread: a multi-threaded
+        matrix product may round differently (N >= ~150 here), and a worker process must
+        derive the same bits as the calling process whatever its thread setting, so that
+        the draws do not depend on ``cores``."""
+        with threadpool_limits(limits=1, user_api="blas"):
+            return cls._compute(d)
+
+    @classmethod
+    def _compute(cls, d: GradientMatchingDensity) -> SweepArrays:
         Cinv = np.ascontiguousarray(np.stack([k.matching.C_precision for k in d.terms]))
         D = np.stack([k.matching.D for k in d.terms])
         P = np.ascontiguousarray(np.stack([k.grad_precision for k in d.terms]))
