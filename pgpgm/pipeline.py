@@ -19,7 +19,7 @@ from .gp.kernels import KERNELS
 from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
-from .sampling import sample
+from .sampling import get_scheme, sample
 from .solve import Integrator, Solver
 
 _DENSE = 400  # points of the plotted trajectories
@@ -71,7 +71,8 @@ def fit(
 
     Parameters are those of :func:`pgpgm.gradient_matching_density` and :func:`pgpgm.sample`;
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
-    ``scheme`` is the gradient-matching step's (``"block"`` or the paper's ``"elementwise"``);
+    ``scheme`` is the gradient-matching step's (``"block"``, the paper's ``"elementwise"``, or a
+    scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
     ``refine_x0`` also refines the observed states' initial values (started at their
     posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
@@ -86,6 +87,8 @@ def fit(
         in range.
     ODESolveError
         when every refinement start fails.
+    SamplingError
+        when no chain start that ``init`` chooses has a finite density.
     """
     timings, t0 = {}, time.perf_counter()
     # every argument is checked here, before any GP fit, compiled kernel or sampler runs
@@ -96,6 +99,7 @@ def fit(
                            check_count(chains, "chains", minimum=1))
     if posterior not in ("nuts", "laplace", None):
         raise DataError(f"posterior must be 'nuts', 'laplace' or None, got {posterior!r}")
+    scheme = get_scheme(scheme)
     posterior_draws = check_count(posterior_draws, "posterior_draws", minimum=1)
     posterior_tune = check_count(posterior_tune, "posterior_tune", minimum=0)
     posterior_chains = check_count(posterior_chains, "posterior_chains", minimum=1)

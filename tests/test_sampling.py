@@ -2,6 +2,7 @@
 log density, reproducibility, worker processes, and the paper's scheme unchanged."""
 
 import dataclasses
+import json
 import pickle
 from pathlib import Path
 
@@ -306,6 +307,23 @@ def test_a_start_the_priors_give_without_density_is_a_sampling_error_not_bad_dat
         sample(target, init="prior", chains=1, cores=1, progressbar=False)
     with pytest.raises(DataError, match="not finite at the start \\[2.0\\] of chain 0.*pass other init values"):
         sample(target, init=[2.0], cores=1, progressbar=False)
+
+
+@pytest.mark.filterwarnings("ignore::pgpgm.ConvergenceWarning")  # 30 draws: not converged, on purpose
+def test_fit_runs_either_scheme_and_checks_it_before_the_gp_fit(monkeypatch):
+    system = ODESystem.from_equations({"x": "theta"}, ["theta"], name="drift")
+    t = np.linspace(0, 2, 8)
+    data = {"time": t, "x": 0.5 + 0.8 * t + np.random.default_rng(5).normal(0, 0.1, t.size)}
+    kw = {"noise_sd": 0.1, "priors": (-50, 50), "draws": 30, "tune": 30, "chains": 1, "posterior": None,
+          "progressbar": False}
+    for scheme, stat in (("elementwise", "accept_theta"), (Block(n_moves=2), "accept_block")):
+        r = pgpgm.fit(system, data, ["x"], scheme=scheme, **kw)
+        settings = json.loads(r.gradient_matching.attrs["pgpgm_settings"])
+        assert settings["scheme"] == (scheme if isinstance(scheme, str) else "block") and settings["cores"] == 1
+        assert stat in r.gradient_matching.sample_stats
+    monkeypatch.setattr(pgpgm.pipeline, "fit_gps", lambda *a, **k: pytest.fail("the GP fit ran before the check"))
+    with pytest.raises(DataError, match="scheme must be one of \\['block', 'elementwise'\\]"):
+        pgpgm.fit(system, data, ["x"], scheme="nuts", **kw)
 
 
 def test_tuning_windows():
