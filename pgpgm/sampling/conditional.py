@@ -83,7 +83,7 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     obs = a.obs_idx
     F = d.system.rhs_on_grid(d.obs.times, Xbar, theta)
     J = np.empty((N, d.system.n_states, d.system.n_states))
-    _jacobian_on_grid(d.system.compiled.jac_x, d.obs.times, np.ascontiguousarray(Xbar, float),
+    d.system.compiled.jacobian_on_grid(d.obs.times, np.ascontiguousarray(Xbar, float),
                       np.asarray(theta, float), J)
     j = J[:, obs][:, :, obs]  # (N, M, M): d f_{obs m} / d x_{obs l}
     lam = np.zeros((M, N, M, N))

@@ -99,7 +99,7 @@ def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.nd
     X, st = state.X.copy(), state.stats
     F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
     accepted = np.zeros((N, M))
-    delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, move_states,
+    delta = d.system.compiled.sweep(d.obs.times, X, state.theta, a.obs_idx, move_states,
                    1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
                    w, r, z, F, state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
                    accepted)
