@@ -25,6 +25,7 @@ almost everywhere) are dropped.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -128,8 +129,6 @@ import numba
 import numpy as np
 from numba import types
 
-from pgpgm.sampling.conditional import _jacobian_on_grid
-from pgpgm.sampling.kernel import _sweep
 from pgpgm.solve import native as _nat
 
 S, P = {S}, {P}
@@ -179,17 +178,7 @@ def aug_jac_colmajor(tt, y, p, m):
                 m[base + j, base + i] = jx_[i, j]
 
 
-@numba.njit(cache=True)
-def sweep(t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P_, PDt, dtpd, w, r, z, F, scales,
-          normals, log_u, accepted):
-    return _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P_, PDt, dtpd, w, r, z, F,
-                  scales, normals, log_u, accepted)
-
-
-@numba.njit(cache=True)
-def jacobian_on_grid(t, X, theta, out):
-    _jacobian_on_grid(jac_x, t, X, theta, out)
-
+{specialised}
 
 CVODE = _nat.link_sundials()
 if CVODE:
@@ -261,7 +250,24 @@ def kernel_source(system: ODESystem) -> str:
                               mapping),
     }
     parts = [_HEADER.format(S=S, P=P)] + [_source(name, "t, x, p, out", lines) + "\n" for name, lines in src.items()]
-    return "\n".join(parts) + _BODY
+    return "\n".join(parts) + _BODY.replace("{specialised}", _specialised())
+
+
+def _specialised() -> str:
+    """The source of the samplers' model-generic kernels (the state sweep, the Jacobian on a
+    grid) with the model function they take as first argument turned into this module's
+    global: numba cannot cache code that receives a jitted function as an argument."""
+    from ..sampling.conditional import _jacobian_on_grid
+    from ..sampling.kernel import _sweep
+
+    out = []
+    for func, arg, name in ((_sweep, "rhs", "sweep"), (_jacobian_on_grid, "jac_x", "jacobian_on_grid")):
+        src = inspect.getsource(func.py_func)
+        head = f"@numba.njit(cache=False)\ndef {func.__name__}({arg}, "
+        if not src.startswith(head):
+            raise RuntimeError(f"pgpgm: unexpected source of {func.__name__}")  # a change in pgpgm itself
+        out.append(f"@numba.njit(cache=True)\ndef {name}(" + src[len(head):])
+    return "\n\n".join(out)
 
 
 def compile_kernels(system: ODESystem) -> CompiledKernels:
