@@ -5,6 +5,15 @@ printed as Python source and compiled with numba. From those, C-callable functio
 with the signatures SUNDIALS CVODE expects are built (``numba.cfunc``), so the
 latent-state solve runs without Python between CVODE and the right-hand side.
 
+Everything is generated as the source of one Python module (:func:`kernel_source`): the
+model's rhs and Jacobians, the kernels built on them, the samplers' state sweep and Jacobian
+on a grid specialised to them, and the C callbacks. The module is stored in the disk cache
+(:mod:`pgpgm.ode.kernel_cache`) under a hash of its source and imported from there; its
+functions use numba's ``cache=True``, so a later process loads the machine code instead of
+compiling. The C callbacks call SUNDIALS through link-time symbols
+(:mod:`pgpgm.solve.native`), and are themselves registered as symbols
+``pgpgm_<key>_<name>`` for the compiled ODE Op.
+
 Forward sensitivities are obtained by integrating the augmented system
 ``[x, s_1, ..., s_K]`` with ``ds_k/dt = J s_k + df/dq_k`` where q = (theta, x0)
 (K = P + S; the x0 columns have no inhomogeneous term). Its Newton matrix uses the
