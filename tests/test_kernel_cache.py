@@ -16,7 +16,6 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 # Builds a one-state system, evaluates its kernels, solves it with CVODE (from Python and,
 # with OP=1, inside a compiled PyTensor graph) and prints what numba compiled.
@@ -148,10 +147,20 @@ def test_damaged_module_file_is_replaced(tmp_path):
     assert "damaged" not in open(path).read()
 
 
-@pytest.mark.parametrize("folder", ["PGPGM_CACHE_DIR"])
-def test_cache_folder_follows_the_environment(tmp_path, monkeypatch, folder):
+def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
     from pgpgm.ode import kernel_cache
 
-    monkeypatch.setenv(folder, str(tmp_path / "here"))
+    monkeypatch.setenv("PGPGM_CACHE_DIR", str(tmp_path / "here"))
     assert kernel_cache.cache_dir() == tmp_path / "here" / "kernels"
     assert kernel_cache.cache_dir().is_dir()
+
+
+def test_unwritable_cache_folder_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
+    from pgpgm.ode import kernel_cache
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PGPGM_CACHE_DIR", str(blocker))  # blocker/kernels cannot be created
+    monkeypatch.setattr(kernel_cache.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    path = kernel_cache.cache_dir()
+    assert path.parent.parent == tmp_path / "tmp" and path.name == "kernels" and path.is_dir()

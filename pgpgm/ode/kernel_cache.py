@@ -30,13 +30,15 @@ import numba
 
 #: pgpgm source files whose code is compiled into (or called from) the cached kernels; a
 #: change in any of them gives every system new keys.
-_COMPILED_SOURCES = ("ode/codegen.py", "ode/kernel_cache.py", "solve/native.py", "solve/cvode.py",
-                     "sampling/kernel.py", "sampling/conditional.py")
+_COMPILED_SOURCES = ("ode/codegen.py", "solve/native.py", "solve/cvode.py", "sampling/kernel.py",
+                     "sampling/conditional.py")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def cache_dir() -> Path:
-    """The folder of the cached kernel modules (created when missing)."""
+    """The folder of the cached kernel modules (created when missing): ``$PGPGM_CACHE_DIR/kernels``,
+    else the user cache folder's ``pgpgm/kernels``; where that cannot be created or written (a
+    read-only home), ``pgpgm-<user>/kernels`` in the temporary folder."""
     env = os.environ.get("PGPGM_CACHE_DIR")
     if env:
         base = Path(env)
@@ -45,7 +47,15 @@ def cache_dir() -> Path:
 
         base = Path(platformdirs.user_cache_dir("pgpgm", appauthor=False))
     path = base / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(path)
+    except OSError:
+        import getpass
+
+        path = Path(tempfile.gettempdir()) / f"pgpgm-{getpass.getuser()}" / "kernels"
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
