@@ -81,6 +81,9 @@ def version_info() -> dict[str, str]:
     info["ODE backend"] = ("cvode (SUNDIALS CVODE with compiled callbacks)" if backend == "cvode"
                            else f"{backend}, because the compiled CVODE backend is unusable: {st.reason}")
     info["numba cache"] = _numba_cache_dir()
+    from .ode.kernel_cache import cache_dir
+
+    info["model kernel cache"] = f"{cache_dir()} (PGPGM_CACHE_DIR to move; safe to delete)"
     import pytensor
 
     info["PyTensor compiledir"] = str(pytensor.config.compiledir)

@@ -91,7 +91,8 @@ class GPFit:
 
 
 def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.ndarray, z: np.ndarray,
-                                     fixed_noise: float | None) -> tuple[float, np.ndarray]:
+                                     fixed_noise: float | None, workspace: list | None = None
+                                     ) -> tuple[float, np.ndarray]:
     """-log p(z | h, noise) of a series and its gradient in the log-parameters.
 
     Parameters
@@ -100,6 +101,8 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
     kernel : the kernel
     t : (N,) times; z : (N,) observations (the fit passes the standardised series)
     fixed_noise : noise sd (units of z), or None when it is ``exp(logp[H])``
+    workspace : a list (empty at first) in which the kernel matrices are kept and reused by the
+        next call with it (the optimiser's calls: no new N x N matrices per evaluation)
 
     Returns
     -------
@@ -109,7 +112,8 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
     H = len(kernel.hyperparameters)
     hyper = np.exp(logp[:H])
     noise = fixed_noise if fixed_noise is not None else np.exp(logp[H])
-    K, dK = kernel.cov_with_hyper_grads(t, hyper, checked=True, lower=True)  # lower triangles hold the values
+    K, dK = kernel.cov_with_hyper_grads(t, hyper, checked=True, lower=True,  # lower triangles hold the values
+                                        workspace=workspace)
     if any(g is K for g in dK):
         K = K.copy()
     n = t.size
@@ -193,9 +197,10 @@ def fit_gp(
     guess = np.clip(np.log(list(kernel.guess(grid)) + ([noise_guess] if fixed is None else [])), b[:, 0], b[:, 1])
     starts = [guess] + [rng.uniform(b[:, 0], b[:, 1]) for _ in range(max(n_starts, 1) - 1)]
     best = None
+    workspace: list = []
     with limit_blas_threads(blas_threads):
         for x0 in starts:
-            res = optimize.minimize(negative_log_marginal_likelihood, x0, args=(kernel, t, z, fixed), jac=True,
+            res = optimize.minimize(negative_log_marginal_likelihood, x0, args=(kernel, t, z, fixed, workspace), jac=True,
                                     method="L-BFGS-B", bounds=b)
             if best is None or res.fun < best.fun:
                 best = res

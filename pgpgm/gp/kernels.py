@@ -377,13 +377,18 @@ class Kernel:
         k = self.expr
         return self._compile([k] + [_clean(e) for e in (sp.diff(k, _a), sp.diff(k, _b), sp.diff(k, _a, _b))])
 
-    def _run(self, f, ta, tb, hyper, *, lower: bool = False, block: int | None = None) -> list[np.ndarray]:
+    def _run(self, f, ta, tb, hyper, *, lower: bool = False, block: int | None = None,
+             out: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Every output of ``f`` at all pairs (ta_i, tb_j), each a float array (len(ta), len(tb)).
 
         Large matrices are filled in blocks of rows (temporaries of ~128 KiB stay in cache:
         2-4x faster than one pass over the whole matrix at N = 1000). ``lower=True`` (with
         ta = tb) evaluates block rows [i0, i1) against columns [0, i1) only: the lower
         triangle and diagonal are exact, above the diagonal blocks the outputs are zero.
+        ``out``: a list to fill with the matrices of a multi-block evaluation and to reuse
+        at the next call with the same shapes (new matrices cost page faults: at N = 1000
+        about a third of the evaluation); every entry that a call writes is rewritten by the
+        next, the others stay zero (callers may overwrite only what this writes).
         """
         ta = np.asarray(ta, dtype=float).reshape(-1)
         tb = np.asarray(tb, dtype=float).reshape(-1)
@@ -402,7 +407,12 @@ class Kernel:
                     return [np.asarray(v, dtype=np.float64) if np.shape(v) == (na, nb)
                             else np.broadcast_to(np.asarray(v, dtype=np.float64), (na, nb)).copy() for v in vals]
                 if not outs:
-                    outs = [np.zeros((na, nb)) for _ in vals]
+                    if out is not None and len(out) == len(vals) and all(o.shape == (na, nb) for o in out):
+                        outs = out
+                    else:
+                        outs = [np.zeros((na, nb)) for _ in vals]
+                        if out is not None:
+                            out[:] = outs
                 for o, v in zip(outs, vals):
                     o[i0:i1, :cols] = v
         return outs
@@ -448,8 +458,8 @@ class Kernel:
         """
         return tuple(self._run(self._f_time, ta, tb, self.check_hyper(hyper)))
 
-    def cov_with_hyper_grads(self, t, hyper, *, checked: bool = False,
-                             lower: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    def cov_with_hyper_grads(self, t, hyper, *, checked: bool = False, lower: bool = False,
+                             workspace: list | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
         """(K, [dK/dh_k]) on times ``t`` (N,): K (N, N) and one (N, N) matrix per hyperparameter.
 
         All from one evaluation (time differences and shared subexpressions computed once). A
@@ -459,12 +469,15 @@ class Kernel:
         ``lower=True`` guarantees only the lower triangle and diagonal of every matrix (the
         strict upper triangle holds zeros or the symmetric values): half the work on
         uneven grids, for consumers that read one triangle (LAPACK ``potrf``, BLAS ``symv``).
+        ``workspace`` (with ``lower=True``): a list, empty at first, whose matrices are
+        reused by later calls with it (the returned matrices are then overwritten by the
+        next call; a caller may change their lower triangles, e.g. factorise K in place).
         """
         h = hyper if checked else self.check_hyper(hyper)
         t = np.asarray(t, dtype=float).reshape(-1)
         out = self._run_uniform(self._f_hyper, t, h)
         if out is None:
-            out = self._run(self._f_hyper, t, t, h, lower=lower)
+            out = self._run(self._f_hyper, t, t, h, lower=lower, out=workspace if lower else None)
         K, *grads = out
         return K, grads
 

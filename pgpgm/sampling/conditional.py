@@ -83,8 +83,7 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     obs = a.obs_idx
     F = d.system.rhs_on_grid(d.obs.times, Xbar, theta)
     J = np.zeros((N, d.system.n_states, d.system.n_states))  # jac_x writes only the nonzero entries
-    _jacobian_on_grid(d.system.compiled.jac_x, d.obs.times, np.ascontiguousarray(Xbar, float),
-                      np.asarray(theta, float), J)
+    d.system.compiled.jacobian_on_grid(d.obs.times, np.ascontiguousarray(Xbar, float), np.asarray(theta, float), J)
     j = J[:, obs][:, :, obs]  # (N, M, M): d f_{obs m} / d x_{obs l}
     lam = np.zeros((M, N, M, N))
     b = a.lin.copy()
@@ -120,6 +119,7 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
 @numba.njit(cache=False)
 def _jacobian_on_grid(jac_x, t, X, theta, out):
     """out[i] = df/dx (S, S) at (t[i], X[i]) for every time i; ``out`` (N, S, S) must arrive
-    zeroed (the compiled Jacobian writes only its structurally nonzero entries)."""
+    zeroed (the compiled Jacobian writes only its structurally nonzero entries). The template of each
+    model's cached ``system.compiled.jacobian_on_grid``, see :mod:`pgpgm.ode.codegen`."""
     for i in range(t.size):
         jac_x(t[i], X[i], theta, out[i])

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ..density import GradientMatchingDensity
 from ..errors import DataError, PgpgmError, SamplingError
+from ..progress import compiling
 from .kernel import anchor, init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
@@ -128,7 +129,10 @@ def sample(
     if cores is not None and (int(cores) != cores or cores < 1):
         raise DataError(f"cores must be a positive integer or None, got {cores!r}")
     scheme = get_scheme(scheme)
-    target = density if isinstance(density, GradientMatchingTarget) else GradientMatchingTarget(density)
+    with compiling("the gradient-matching density", progressbar and not isinstance(density, GradientMatchingTarget)):
+        target = density if isinstance(density, GradientMatchingTarget) else GradientMatchingTarget(density)
+        if isinstance(scheme, Block):  # its parameter moves use this function: compiled now, not at 0 %
+            target.parameter_function
     if target.space != "constrained":
         raise PgpgmError("sample() needs a GradientMatchingTarget in the constrained space (the default)")
     cores = min(chains, os.cpu_count() or 1) if cores is None else min(int(cores), chains)

@@ -99,10 +99,10 @@ def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.nd
     X, st = state.X.copy(), state.stats
     F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
     accepted = np.zeros((N, M))
-    delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, move_states,
-                   1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
-                   w, r, z, F, state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
-                   accepted)
+    delta = d.system.compiled.sweep(d.obs.times, X, state.theta, a.obs_idx, move_states,
+                                    1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
+                                    w, r, z, F, state_scale, rng.standard_normal((N, M)),
+                                    np.log(rng.uniform(size=(N, M))), accepted)
     return replace(state, X=X, stats=SweepStatistics(F, w, r, z), logp=state.logp + delta), accepted
 
 
@@ -145,7 +145,9 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
 @numba.njit(cache=False)
 def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P, PDt, dtpd, w, r, z, F,
            scales, normals, log_u, accepted):
-    """One pass of single-element proposals over every observed state value.
+    """One pass of single-element proposals over every observed state value (the template of
+    each model's cached ``system.compiled.sweep``, which :mod:`pgpgm.ode.codegen` specialises to
+    the model's ``rhs``; this function itself is not called).
 
     Arrays: X (N,S) states (updated in place); Y (N,M); Cinv, Dt (= D^T), P, PDt
     (= (P D)^T) are (M,N,N); dtpd (M,N) = diag(D^T P D); w, r, z (M,N) maintained

@@ -83,8 +83,9 @@ class Integrator:
         code; a repeated plain solve at the same (theta, x0) through :meth:`solve` is served
         from the previous result and not counted.
     compiled_solves : array (1,) of int64
-        The solves done by compiled code (the numba implementation of
-        :class:`~pgpgm.solve.op.ODEOp` adds to it atomically, through its address).
+        The solves done by compiled code since this integrator's Ops were compiled (the
+        numba implementation of :class:`~pgpgm.solve.op.ODEOp` counts atomically, in one
+        counter per compiled function, which equal Ops share: see :meth:`track_counter`).
     """
 
     def __init__(self, system: ODESystem, times, solver: Solver | None = None):
@@ -98,7 +99,7 @@ class Integrator:
         if not self.solver.available():
             raise DataError(f"the {self.solver.name} solver is not available here; use pgpgm.default_solver()")
         self._python_solves = 0
-        self.compiled_solves = np.zeros(1, dtype=np.int64)
+        self._counters: dict[str, tuple[np.ndarray, int]] = {}
         S, P = system.n_states, system.n_parameters
         self._sizes = {False: S, True: S * (1 + P + S)}
         self._engines: dict[bool, Engine] = {}
@@ -106,6 +107,18 @@ class Integrator:
 
     def __reduce__(self):  # native memory is not picklable: rebuild it in the other process
         return (Integrator, (self.system, self.times, self.solver))
+
+    def track_counter(self, key: str, counter: np.ndarray) -> None:
+        """Count the solves of compiled code that adds to ``counter`` (array (1,) int64), from
+        now on. Compiled Ops of equal integrators (same system, times, tolerances) share one
+        counter in a process, so two such integrators used at the same time count each
+        other's compiled solves too."""
+        if key not in self._counters:
+            self._counters[key] = (counter, int(counter[0]))
+
+    @property
+    def compiled_solves(self) -> np.ndarray:
+        return np.array([sum(int(c[0]) - base for c, base in self._counters.values())], dtype=np.int64)
 
     @property
     def n_solves(self) -> int:

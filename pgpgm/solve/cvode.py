@@ -14,16 +14,15 @@ microseconds, against 0.1-1 ms for a solve. Uses the SUNDIALS 7 libraries of the
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
-from functools import cache
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, ClassVar
 
+import numba
 import numpy as np
 
 from ..errors import ODESolveError
-from . import sundials
+from . import native, sundials
+from . import native as nat
 from .base import Solver
 
 if TYPE_CHECKING:
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
 SETUP_FAILED = -1001  # a SUNDIALS object could not be created or configured
 NON_FINITE = -1002  # a state or sensitivity became non-finite
 
+_BDF, _NORMAL = sundials.CV_BDF, sundials.CV_NORMAL
 _FLAG_NAMES = {SETUP_FAILED: "SETUP_FAILED (SUNDIALS set-up)", NON_FINITE: "NON_FINITE (state became NaN/inf)"}
 
 
@@ -94,45 +94,8 @@ def flag_name(flag: int) -> str:
     return sundials.library().CVodeGetReturnFlagName(flag).decode()
 
 
-def _address_prototypes(lib) -> SimpleNamespace:
-    """The SUNDIALS functions with every pointer typed as a 64-bit integer (an address),
-    so compiled code passes SUNDIALS objects and numpy buffers as plain integers. Same
-    calling convention as pointers on x86-64 and AArch64 (see :mod:`.sundials`)."""
-    a, i32, f64, none = ctypes.c_int64, ctypes.c_int, ctypes.c_double, None
-    table = {
-        "SUNContext_Create": (i32, i32, a),
-        "SUNContext_ClearErrHandlers": (i32, a),
-        "SUNContext_Free": (i32, a),
-        "N_VNew_Serial": (a, a, a),
-        "N_VGetArrayPointer": (ctypes.POINTER(f64), a),
-        "N_VDestroy": (none, a),
-        "SUNDenseMatrix": (a, a, a, a),
-        "SUNMatDestroy": (none, a),
-        "SUNLinSol_Dense": (a, a, a, a),
-        "SUNLinSolFree": (i32, a),
-        "CVodeCreate": (a, i32, a),
-        "CVodeInit": (i32, a, a, f64, a),
-        "CVodeSStolerances": (i32, a, f64, f64),
-        "CVodeSetUserData": (i32, a, a),
-        "CVodeSetLinearSolver": (i32, a, a, a),
-        "CVodeSetJacFn": (i32, a, a),
-        "CVodeSetMaxNumSteps": (i32, a, ctypes.c_long),
-        "CVodeSetMaxHnilWarns": (i32, a, i32),
-        "CVodeSetStopTime": (i32, a, f64),
-        "CVodeSetMinStep": (i32, a, f64),
-        "CVode": (i32, a, f64, a, a, i32),
-        "CVodeFree": (none, a),
-    }
-    protos = {}
-    for name, (res, *args) in table.items():
-        address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-        protos[name] = ctypes.CFUNCTYPE(res, *args)(address)
-    return SimpleNamespace(**protos)
-
-
-@cache
 def cvode_kernel():
-    """The compiled solve, built once per process (it embeds the library's addresses).
+    """The compiled solve (cached on disk by numba; SUNDIALS is linked into the process first).
 
     ``cvode_kernel()(rhs, jac, rtol, atol, max_steps, times, theta, y0, out)`` integrates
     the system whose callbacks are at addresses ``rhs``, ``jac`` from ``y0`` (n,) at
@@ -141,74 +104,64 @@ def cvode_kernel():
     negative flag, :data:`SETUP_FAILED` or :data:`NON_FINITE`; ``index`` the output time
     being computed when it stopped; ``t`` the time reached. Callable from numba code.
     """
-    import numba
-
-    lib = sundials.library()
-    if lib is None:
+    if not native.link_sundials():
         raise ODESolveError("SUNDIALS CVODE is not available here; use pgpgm.default_solver()")
-    f = _address_prototypes(lib)
-    ctx_create, ctx_clear, ctx_free = f.SUNContext_Create, f.SUNContext_ClearErrHandlers, f.SUNContext_Free
-    nv_new, nv_data, nv_free = f.N_VNew_Serial, f.N_VGetArrayPointer, f.N_VDestroy
-    mat_new, mat_free, ls_new, ls_free = f.SUNDenseMatrix, f.SUNMatDestroy, f.SUNLinSol_Dense, f.SUNLinSolFree
-    cv_create, cv_init, cv_tol, cv_data = f.CVodeCreate, f.CVodeInit, f.CVodeSStolerances, f.CVodeSetUserData
-    cv_ls, cv_jac, cv_steps, cv_hnil = f.CVodeSetLinearSolver, f.CVodeSetJacFn, f.CVodeSetMaxNumSteps, f.CVodeSetMaxHnilWarns
-    cv_stop, cv_step, cv_free, cv_hmin = f.CVodeSetStopTime, f.CVode, f.CVodeFree, f.CVodeSetMinStep
-    bdf, normal = sundials.CV_BDF, sundials.CV_NORMAL
+    return _solve
 
-    @numba.njit(cache=False)
-    def solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
-        n, N, P = y0.shape[0], times.shape[0], theta.shape[0]
-        # scratch: the parameters (CVODE's user data, read by the callbacks) and, last, the
-        # time reached; it is read at the end, which keeps it alive while CVODE uses it.
-        scratch = np.empty(P + 1)
-        scratch[P] = times[0]
-        for k in range(P):
-            scratch[k] = theta[k]
-        handles = np.zeros(2, np.int64)  # SUNContext, CVODE memory (freed through their addresses)
-        if ctx_create(0, handles.ctypes.data) != 0:
-            return SETUP_FAILED, 0, times[0]
-        ctx = handles[0]
-        ctx_clear(ctx)  # errors come back as flags, not as text on stderr
-        y = nv_new(n, ctx)
-        mem = cv_create(bdf, ctx)
-        A = mat_new(n, n, ctx)
-        LS = ls_new(y, A, ctx) if (y != 0 and A != 0) else 0
-        handles[1] = mem
-        flag = SETUP_FAILED
-        index = 0
-        if y != 0 and mem != 0 and A != 0 and LS != 0:
-            yv = numba.carray(nv_data(y), (n,))
-            for j in range(n):
-                yv[j] = y0[j]
-                out[0, j] = y0[j]
-            # a step too small to move t (t + h = t) is a failure, not a crawl that ends in wrong
-            # numbers: e.g. a state creeping towards the edge of the right-hand side's domain
-            hmin = 16.0 * 2.220446049250313e-16 * max(abs(times[0]), abs(times[N - 1]))
-            bad = (cv_init(mem, rhs, times[0], y) | cv_tol(mem, rtol, atol) | cv_data(mem, scratch.ctypes.data)
-                   | cv_ls(mem, LS, A) | cv_jac(mem, jac) | cv_steps(mem, max_steps) | cv_hnil(mem, -1)
-                   | cv_stop(mem, times[N - 1]) | cv_hmin(mem, hmin))
-            flag = SETUP_FAILED if bad != 0 else 0
-            index = 1
-            while flag >= 0 and index < N:
-                flag = cv_step(mem, times[index], y, scratch.ctypes.data + 8 * P, normal)
+
+@numba.njit(cache=True)
+def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
+    """See :func:`cvode_kernel` (SUNDIALS must be linked: call that first)."""
+    n, N, P = y0.shape[0], times.shape[0], theta.shape[0]
+    # scratch: the parameters (CVODE's user data, read by the callbacks) and, last, the
+    # time reached; it is read at the end, which keeps it alive while CVODE uses it.
+    scratch = np.empty(P + 1)
+    scratch[P] = times[0]
+    for k in range(P):
+        scratch[k] = theta[k]
+    handles = np.zeros(2, np.int64)  # SUNContext, CVODE memory (freed through their addresses)
+    if nat.SUNContext_Create(0, handles.ctypes.data) != 0:
+        return SETUP_FAILED, 0, times[0]
+    ctx = handles[0]
+    nat.SUNContext_ClearErrHandlers(ctx)  # errors come back as flags, not as text on stderr
+    y = nat.N_VNew_Serial(n, ctx)
+    mem = nat.CVodeCreate(_BDF, ctx)
+    A = nat.SUNDenseMatrix(n, n, ctx)
+    LS = nat.SUNLinSol_Dense(y, A, ctx) if (y != 0 and A != 0) else 0
+    handles[1] = mem
+    flag = SETUP_FAILED
+    index = 0
+    if y != 0 and mem != 0 and A != 0 and LS != 0:
+        yv = numba.carray(nat.N_VGetArrayPointer(y), (n,))
+        for j in range(n):
+            yv[j] = y0[j]
+            out[0, j] = y0[j]
+        # a step too small to move t (t + h = t) is a failure, not a crawl that ends in wrong
+        # numbers: e.g. a state creeping towards the edge of the right-hand side's domain
+        hmin = 16.0 * 2.220446049250313e-16 * max(abs(times[0]), abs(times[N - 1]))
+        bad = (nat.CVodeInit(mem, rhs, times[0], y) | nat.CVodeSStolerances(mem, rtol, atol) | nat.CVodeSetUserData(mem, scratch.ctypes.data)
+               | nat.CVodeSetLinearSolver(mem, LS, A) | nat.CVodeSetJacFn(mem, jac) | nat.CVodeSetMaxNumSteps(mem, max_steps) | nat.CVodeSetMaxHnilWarns(mem, -1)
+               | nat.CVodeSetStopTime(mem, times[N - 1]) | nat.CVodeSetMinStep(mem, hmin))
+        flag = SETUP_FAILED if bad != 0 else 0
+        index = 1
+        while flag >= 0 and index < N:
+            flag = nat.CVode(mem, times[index], y, scratch.ctypes.data + 8 * P, _NORMAL)
+            if flag >= 0:
+                for j in range(n):
+                    if not np.isfinite(yv[j]):
+                        flag = NON_FINITE
+                    out[index, j] = yv[j]
                 if flag >= 0:
-                    for j in range(n):
-                        if not np.isfinite(yv[j]):
-                            flag = NON_FINITE
-                        out[index, j] = yv[j]
-                    if flag >= 0:
-                        index += 1
-            index = min(index, N - 1)
-        t_reached = scratch[P]
-        if mem != 0:
-            cv_free(handles.ctypes.data + 8)
-        if LS != 0:
-            ls_free(LS)
-        if A != 0:
-            mat_free(A)
-        if y != 0:
-            nv_free(y)
-        ctx_free(handles.ctypes.data)
-        return flag, index, t_reached
-
-    return solve
+                    index += 1
+        index = min(index, N - 1)
+    t_reached = scratch[P]
+    if mem != 0:
+        nat.CVodeFree(handles.ctypes.data + 8)
+    if LS != 0:
+        nat.SUNLinSolFree(LS)
+    if A != 0:
+        nat.SUNMatDestroy(A)
+    if y != 0:
+        nat.N_VDestroy(y)
+    nat.SUNContext_Free(handles.ctypes.data)
+    return flag, index, t_reached

@@ -7,19 +7,22 @@ function ``(theta (P,), x0 (S,)) -> x (N, S)`` - or ``(x, dx/dtheta (N, S, P),
 dx/dx0 (N, S, S))`` for the sensitivity Op - that seeds the initial state (and the
 identity seeds of the x0 sensitivities), and runs the whole CVODE solve
 (:func:`~pgpgm.solve.cvode.cvode_kernel`) inside compiled code: the sampler's logp and
-gradient reach CVODE without Python in between. The output times, tolerances and
-callback addresses are compile-time constants, so the function is specific to this
-process and PyTensor does not cache it on disk (the Op declares no cache key).
+gradient reach CVODE without Python in between. The output times, tolerances and step
+budget are compile-time constants; the callbacks and the solve counter are reached through
+link-time symbols (:mod:`.native`), so the function is the same in every process and
+PyTensor caches it on disk under :func:`cache_key` (with the graphs that use it).
 
 A failed solve (a negative CVODE flag, a non-finite state, non-finite inputs) gives NaN
 outputs with ``on_failure="nan"`` and raises :class:`~pgpgm.errors.ODESolveError` with
-``on_failure="raise"``, as the Python ``perform`` does. Each solve adds one to the
-integrator's ``compiled_solves`` counter (an atomic add at its address), so
-:attr:`Integrator.n_solves` counts compiled and Python solves together.
+``on_failure="raise"``, as the Python ``perform`` does. Each solve adds one (atomically) to
+the counter of its compiled function, which the integrator tracks
+(:meth:`Integrator.track_counter`), so :attr:`Integrator.n_solves` counts compiled and
+Python solves together.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import numba
@@ -29,6 +32,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..errors import DataError, ODESolveError
+from . import native
 from .cvode import CVODE, NON_FINITE, cvode_kernel
 
 if TYPE_CHECKING:
@@ -55,8 +59,36 @@ def compiles(op: ODEOp) -> bool:
     return isinstance(it.solver, CVODE) and it.solver.available() and it.system.compiled.cvode is not None
 
 
+#: One solve counter per compiled function (by symbol name), for the life of the process: the
+#: compiled code of equal Ops is shared (numba and PyTensor reuse it), so is its counter.
+_COUNTERS: dict[str, np.ndarray] = {}
+
+
+def _solve_counter(symbol: str) -> np.ndarray:
+    """The counter (1,) int64 registered under ``symbol``, created on first use."""
+    if symbol not in _COUNTERS:
+        _COUNTERS[symbol] = np.zeros(1, dtype=np.int64)
+        native.register_symbol(symbol, _COUNTERS[symbol].ctypes.data)
+    return _COUNTERS[symbol]
+
+
+def cache_key(op: ODEOp) -> str:
+    """What identifies the compiled function of ``op`` across processes: the system's kernel
+    key (:mod:`pgpgm.ode.kernel_cache`), the output times, tolerances, step budget and flags."""
+    it = op.integrator
+    s = it.solver
+    h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
+    h.update(repr((it.system.compiled.key, float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
+                   op.on_failure)).encode())
+    return h.hexdigest()[:24]
+
+
 def numba_ode_function(op: ODEOp):
     """The njit implementation of ``op``, or None when its solver has none (see :func:`compiles`).
+
+    The function reaches the system's C callbacks and the integrator's solve counter through
+    link-time symbols named by :func:`cache_key` (registered here, see
+    :mod:`pgpgm.solve.native`), so numba and PyTensor can cache it on disk.
 
     Returns
     -------
@@ -68,16 +100,19 @@ def numba_ode_function(op: ODEOp):
     it = op.integrator
     S, P, N = it.system.n_states, it.system.n_parameters, it.times.size
     K = P + S
-    engine = it.solver.engine(it.system, S * (1 + K) if op.sensitivities else S, op.sensitivities)
-    rhs, jac, n = engine.rhs, engine.jac, engine.n
+    kernel = cvode_kernel()  # links SUNDIALS
+    n = S * (1 + K) if op.sensitivities else S
+    prefix = f"pgpgm_{it.system.compiled.key}_{'aug_' if op.sensitivities else ''}"
+    rhs_symbol, jac_symbol = prefix + "rhs", prefix + "jac"
+    key = cache_key(op)
+    counter_symbol = f"pgpgm_solves_{key}"
+    it.track_counter(key, _solve_counter(counter_symbol))
     rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
     times = np.ascontiguousarray(it.times, dtype=np.float64)
-    counter = it.compiled_solves.ctypes.data  # lives as long as the integrator, which the Op holds
-    kernel = cvode_kernel()
     raise_on_failure = op.on_failure == "raise"
     sensitivities = op.sensitivities
 
-    @numba.njit(cache=False)
+    @numba.njit
     def augmented_solve(theta, x0):
         if theta.shape[0] != P or x0.shape[0] != S:
             raise DataError("ODEOp: theta and x0 must have the system's numbers of parameters and states")
@@ -91,9 +126,9 @@ def numba_ode_function(op: ODEOp):
         flag = NON_FINITE
         t_reached = times[0]
         if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
-            _atomic_increment(counter)
-            flag, _, t_reached = kernel(rhs, jac, rtol, atol, max_steps, times, np.ascontiguousarray(theta), y0,
-                                        out)
+            _atomic_increment(native.symbol_address(counter_symbol))
+            flag, _, t_reached = kernel(native.symbol_address(rhs_symbol), native.symbol_address(jac_symbol), rtol,
+                                        atol, max_steps, times, np.ascontiguousarray(theta), y0, out)
         if flag < 0:
             if raise_on_failure:
                 raise ODESolveError("CVODE failed in ODEOp (flag, time reached):", flag, t_reached)
@@ -103,7 +138,7 @@ def numba_ode_function(op: ODEOp):
     if not sensitivities:
         return augmented_solve
 
-    @numba.njit(cache=False)
+    @numba.njit
     def solve_with_sensitivities(theta, x0):
         y = augmented_solve(theta, x0)
         x = np.ascontiguousarray(y[:, :S])

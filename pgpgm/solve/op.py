@@ -105,25 +105,26 @@ def share_ode_solve(fgraph, node):
 
 def _register_numba() -> None:
     """Give PyTensor's numba backend the compiled Op (:mod:`.numba_op`) where the solver is
-    CVODE; other solvers run the Op's Python ``perform`` in object mode, without a warning
-    at each compile."""
+    CVODE, with a cache key (:func:`.numba_op.cache_key`) so that PyTensor caches the compiled
+    graph on disk and a new process loads it instead of compiling; other solvers run the
+    Op's Python ``perform`` in object mode, without a warning at each compile (not cached)."""
     import warnings
 
     try:
-        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, numba_funcify
+        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, register_funcify_and_cache_key
     except ImportError:  # other PyTensor layouts: the default fallback (with its warning) applies
         return
 
-    from .numba_op import numba_ode_function
+    from .numba_op import cache_key, numba_ode_function
 
-    @numba_funcify.register(ODEOp)
+    @register_funcify_and_cache_key(ODEOp)
     def funcify(op, node=None, storage_map=None, **kwargs):
         compiled = numba_ode_function(op)
         if compiled is not None:
-            return compiled
+            return compiled, cache_key(op)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return generate_fallback_impl(op, node, storage_map, **kwargs)
+            return generate_fallback_impl(op, node, storage_map, **kwargs), None
 
 
 _register_numba()
