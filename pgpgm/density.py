@@ -167,16 +167,11 @@ class GradientMatchingDensity:
             gp_terms, gm_terms = [], []
             for m, k in enumerate(self.terms):
                 g = k.matching
-                # the data and GP matrices are the compiled function's inputs, not constants, so
-                # one compiled function (cached by PyTensor) serves every data set of a model
-                mean, C_prec, D, P, y, sd = (pm.Data(f"_gm_{name}_{k.name}", np.asarray(v, float)) for name, v in (
-                    ("mean", g.mean), ("C_precision", g.C_precision), ("D", g.D), ("P", k.grad_precision),
-                    ("y", self.obs.values[:, m]), ("noise_sd", k.noise_sd)))
-                dx = xs[k.name] - mean
-                gp_terms.append(-0.5 * pt.dot(dx, pt.dot(C_prec, dx)))
-                pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=sd, observed=y, dims="time")
-                r = f[k.index] - pt.dot(D, dx)
-                gm_terms.append(-0.5 * pt.dot(r, pt.dot(P, r)))
+                dx = xs[k.name] - g.mean
+                gp_terms.append(-0.5 * pt.dot(dx, pt.dot(pt.constant(g.C_precision), dx)))
+                pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=k.noise_sd, observed=self.obs.values[:, m], dims="time")
+                r = f[k.index] - pt.dot(pt.constant(g.D), dx)
+                gm_terms.append(-0.5 * pt.dot(r, pt.dot(pt.constant(k.grad_precision), r)))
             pm.Potential("gp_prior", pt.sum(pt.stack(gp_terms)))
             gm_total = pt.sum(pt.stack(gm_terms))
             if self.latent:  # a failed latent-state solve is a -inf density, i.e. a rejected proposal
