@@ -153,8 +153,11 @@ def fit(
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
     problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
                                   free_x0=density.observed_idx if refine_x0 else ())
-    # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
-    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
+    # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and, when
+    # refined, its observed states' initial values, as the stop checks refine them); keep the best
+    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters]
+                                    + ([float(post[s].sel(chain=c).isel(time=0).mean()) for s in obs.states]
+                                       if refine_x0 else []))
                            for c in post.chain.values] if post.sizes["chain"] > 1 else [])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
