@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--posterior-tune", type=_count(0), default=500,
                        help="NUTS tuning steps per chain (default 500)")
         q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
+        q.add_argument("--stop", choices=("agree", "never"), default="agree",
+                       help="end the gradient-matching chains once the optima refined from their means agree "
+                       "(default), or never (the whole published budget)")
 
     r = sub.add_parser("run", parents=[debug],
                        help="reproduce a published experiment: simulate, fit, write figures and table")
@@ -408,7 +411,8 @@ def _batch(a) -> int:
 
 def _posterior_options(a) -> dict:
     return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
-            "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains}
+            "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains,
+            "stop": a.stop}  # step 2's budget, set with the other sampling options
 
 
 def _sensitivity(a) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
 from .sampling import get_scheme, sample
+from .sampling.stopping import RefinedAgreement
 from .solve import Integrator, Solver
 
 _DENSE = 400  # points of the plotted trajectories
@@ -51,6 +53,7 @@ def fit(
     nuts_sampler: str = "pymc",
     cores: int | None = None,
     progressbar: bool = True,
+    stop="agree",
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -73,6 +76,14 @@ def fit(
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
     ``scheme`` is the gradient-matching step's (``"block"``, the paper's ``"elementwise"``, or a
     scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
+    ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
+    refined from the chains' running means has settled (checked every 100 iterations; one
+    interval when every chain refines to it, two when they differ:
+    :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have found the basin);
+    ``"never"`` runs the whole budget ``tune + draws`` per chain (the published setting);
+    a stop rule object is used as given. When and why step 2 stopped:
+    ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
+    ``result.gradient_matching.attrs["pgpgm_stopping"]`` (JSON, every check).
     ``refine_x0`` also refines the observed states' initial values (started at their
     posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
@@ -107,6 +118,9 @@ def fit(
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if cores is not None:
         cores = check_count(cores, "cores", minimum=1)
+    if isinstance(stop, str) and stop not in ("agree", "never"):
+        raise DataError(f"stop must be 'agree' (stop when the chains agree), 'never' (the whole budget) or a stop "
+                        f"rule object, got {stop!r}")
     if isinstance(kernel, str) and kernel not in KERNELS:
         raise DataError(f"unknown kernel {kernel!r}; built-in kernels are {sorted(KERNELS)}")
     check_gamma(gamma)
@@ -126,9 +140,13 @@ def fit(
     density = gradient_matching_density(system, data, obs.states, x0=x0, kernel=kernel, gamma=gamma, priors=priors,
                                         noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed)
     t1 = time.perf_counter()
+    if isinstance(stop, str) and stop == "agree":
+        stop = RefinedAgreement(density, integrator, density.priors.bounds, refine_x0=refine_x0,
+                                estimate_noise=noise_sd is None)
     # step 2 in this process (cores=1): worker processes would each compile the model again
     tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
-                  progressbar=progressbar)
+                  progressbar=progressbar, stop=stop)
+    stopping = json.loads(tree.attrs["pgpgm_stopping"])
     timings["sampling"] = time.perf_counter() - t1
     n_sampling = integrator.n_solves
     post = tree.posterior
@@ -139,8 +157,11 @@ def fit(
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
     problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
                                   free_x0=density.observed_idx if refine_x0 else ())
-    # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
-    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
+    # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and, when
+    # refined, its observed states' initial values, as the stop checks refine them); keep the best
+    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters]
+                                    + ([float(post[s].sel(chain=c).isel(time=0).mean()) for s in obs.states]
+                                       if refine_x0 else []))
                            for c in post.chain.values] if post.sizes["chain"] > 1 else [])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
@@ -180,7 +201,9 @@ def fit(
     timings["total"] = time.perf_counter() - t0
     label = "posterior" if posterior == "nuts" else "gradient_matching"
     if posterior != "laplace":
-        warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else "gradient-matching")
+        warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else
+                            "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
+                                                   "to the end)" if stopping["stopped"] else ""))
 
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
@@ -198,7 +221,9 @@ def fit(
                 "parameter_": list(system.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
-               "refinement_success": int(ref.success), "refinement_message": ref.message},
+               "refinement_success": int(ref.success), "refinement_message": ref.message,
+               "sampling_stopped": int(stopping["stopped"]), "sampling_stop_reason": stopping["reason"],
+               "sampling_iterations": stopping["iterations"]},
     )
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):

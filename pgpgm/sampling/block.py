@@ -152,7 +152,7 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
              + params.coords.log_jacobian(zp[:P]) - params.coords.log_jacobian(z[:P]))
     prob = float(np.exp(min(0.0, log_r))) if np.isfinite(log_r) else 0.0
     if log_u < log_r:
-        return ChainState(qp, theta_p, Xp, stats, lp, new), prob, True
+        return ChainState(qp, theta_p, Xp, stats, lp, new, lp_par), prob, True
     return state, prob, False
 
 

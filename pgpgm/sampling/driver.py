@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Generator, Sequence
 from multiprocessing.connection import Connection, wait
 
 import arviz as az
@@ -28,9 +29,10 @@ from tqdm.auto import tqdm
 from ..density import GradientMatchingDensity
 from ..errors import DataError, PgpgmError, SamplingError
 from ..progress import compiling
-from .kernel import anchor, init as init_state
+from .kernel import init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
+from .stopping import Checkpoint, Decision, StopRule, stop_rule
 from .target import GradientMatchingTarget
 
 __all__ = ["initial_params", "run_chain", "sample"]
@@ -44,33 +46,65 @@ def run_chain(target: GradientMatchingTarget, theta0, draws: int, tune: int, rng
               ) -> dict:
     """One chain from parameter coordinates theta0 (P,): ``tune`` tuned burn-in iterations, then
     ``draws`` kept ones. ``progress(n)`` is called with finished iterations."""
+    run = chain_iterations(target, theta0, draws, tune, rng, progress, state_scale, param_scale, scheme)
+    try:
+        while True:
+            next(run)
+    except StopIteration as done:
+        return done.value
+
+
+def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: int, rng: np.random.Generator,
+                     progress=None, state_scale=None, param_scale=None, scheme: Elementwise | Block | str = "block",
+                     checks: Sequence[int] = (), chain: int = 0) -> Generator[Checkpoint, bool | None, dict]:
+    """One chain as a generator: after each iteration count in ``checks`` (ascending, below
+    ``tune + draws``) it yields a :class:`~pgpgm.sampling.stopping.Checkpoint` (means over
+    the latter half of the chain so far, ``min(n // 2, tune)`` to n) and is resumed with
+    ``send(True)`` to stop there or ``send(False)`` / ``next`` to go on. It returns the
+    chain's result: the kept draws are iterations ``tune`` to ``tune + draws`` when it runs
+    to the end, and the last checkpoint's window when stopped (``"stopped_at"``: iterations
+    done)."""
     scheme = get_scheme(scheme)
     d = target.density
     N = d.obs.times.size
     P = d.system.n_parameters
+    obs = list(d.observed_idx)
+    total = tune + draws
     state = init_state(target, theta0)
     params, tuning = scheme.start(target, state, tune, state_scale, param_scale)
-    out = {"theta": np.empty((draws, P)), "X": np.empty((draws, N, d.system.n_states)), "lp": np.empty(draws)}
+    out = {"theta": np.empty((total, P)), "X": np.empty((total, N, d.system.n_states)), "lp": np.empty(total)}
     stats: dict[str, np.ndarray] = {}
-    for it in range(tune + draws):
+    pending = iter(sorted(set(int(c) for c in checks if 0 < c < total)))
+    check = next(pending, None)
+    kept = slice(tune, total)
+    for it in range(total):
         state, info = scheme.step(rng, state, params, target)
         if it < _ANCHOR_FIRST or it % _ANCHOR_EVERY == _ANCHOR_EVERY - 1:
-            state = anchor(state, target)
+            state = scheme.anchor(state, target)
         if it < tune:
             params, tuning = scheme.adapt(params, tuning, state, info, target)
-        else:
-            k = it - tune
-            out["theta"][k], out["X"][k], out["lp"][k] = state.theta, state.X, state.logp
-            for name, v in scheme.stats(info).items():
-                if name not in stats:
-                    stats[name] = np.empty((draws, *np.shape(v)), dtype=np.asarray(v).dtype)
-                stats[name][k] = v
+        out["theta"][it], out["X"][it], out["lp"][it] = state.theta, state.X, state.logp
+        for name, v in scheme.stats(info).items():
+            if name not in stats:
+                stats[name] = np.empty((total, *np.shape(v)), dtype=np.asarray(v).dtype)
+            stats[name][it] = v
         if progress is not None:
             progress(1)
-    out["stats"] = stats
-    out["tuned"] = {**scheme.tuned(params), **{f"accept_rate_{n[7:]}": np.mean(v, axis=0).tolist()
-                                               for n, v in stats.items() if n.startswith("accept_")}}
-    return out
+        if it + 1 == check:
+            start = min(check // 2, tune)
+            stop = yield Checkpoint(chain, check, start, out["theta"][start:check].mean(axis=0),
+                                    out["X"][start:check, 0, obs].mean(axis=0))
+            if stop:
+                kept = slice(start, check)
+                break
+            check = next(pending, None)
+    result = {k: v[kept].copy() for k, v in out.items()}
+    result["stats"] = {k: v[kept].copy() for k, v in stats.items()}
+    result["stopped_at"] = kept.stop
+    result["tuned"] = {**scheme.tuned(params),
+                       **{f"accept_rate_{n[7:]}": np.mean(v, axis=0).tolist() for n, v in result["stats"].items()
+                          if n.startswith("accept_")}}
+    return result
 
 
 def sample(
@@ -86,6 +120,7 @@ def sample(
     state_scale: float | None = None,
     param_scale=None,
     progressbar: bool = True,
+    stop: str | StopRule = "never",
 ):
     """Sample the gradient-matching density (step 2 of the method).
 
@@ -113,6 +148,14 @@ def sample(
         machine's CPUs); 1 runs every chain in this process. Each worker compiles the
         model once (a few seconds)
     state_scale, param_scale : initial proposal sds (state units; parameter units, scalar or (P,))
+    stop : ``"never"`` (default: every chain runs ``tune + draws`` iterations, the published
+        budget), ``"agree"`` (stop once the best least-squares optimum refined from the
+        chains' means has settled, checked every 100 iterations:
+        :class:`pgpgm.sampling.stopping.RefinedAgreement` with the density's defaults) or a
+        stop rule object such as ``RefinedAgreement(density, integrator, check_every=100)``.
+        The chains then advance together, check by check, in this process or in the
+        workers; a stopped chain keeps the latter half of its iterations (tuning included)
+        as its draws.
 
     Returns
     -------
@@ -122,13 +165,16 @@ def sample(
         proposals accepted per iteration), and ``accept_theta`` (chain, draw, parameter;
         element-wise) or ``accept_block`` (fraction of the iteration's block moves
         accepted; block); ``observed_data``: ``y_<state>``; attributes: settings, GP
-        fits, tuned proposals and acceptance rates.
+        fits, tuned proposals and acceptance rates; ``pgpgm_stopping``: JSON with the
+        rule (``"never"``, ``"agree"``), ``stopped`` (bool), ``iterations`` (per chain,
+        tuning included), ``reason`` and every check's decision.
     """
     if draws < 1 or tune < 0 or chains < 1:
         raise DataError(f"draws >= 1, tune >= 0 and chains >= 1 are required, got {draws}, {tune}, {chains}")
     if cores is not None and (int(cores) != cores or cores < 1):
         raise DataError(f"cores must be a positive integer or None, got {cores!r}")
     scheme = get_scheme(scheme)
+    rule = stop_rule(stop, density.density if isinstance(density, GradientMatchingTarget) else density)
     with compiling("the gradient-matching density", progressbar and not isinstance(density, GradientMatchingTarget)):
         target = density if isinstance(density, GradientMatchingTarget) else GradientMatchingTarget(density)
         if isinstance(scheme, Block):  # its parameter moves use this function: compiled now, not at 0 %
@@ -140,19 +186,49 @@ def sample(
     t0 = time.perf_counter()
     with threadpool_limits(limits=1):
         jobs = _chain_starts(target, init, chains, seed)
+        checks = () if rule is None else tuple(range(rule.min_iterations, tune + draws, rule.check_every))
         kwargs = {"draws": draws, "tune": tune, "state_scale": state_scale, "param_scale": param_scale,
-                  "scheme": scheme}
+                  "scheme": scheme, "checks": checks}
         with tqdm(total=chains * (tune + draws), disable=not progressbar, desc="pgpgm sampling", unit="it") as bar:
             if cores == 1:
-                results = [run_chain(target, theta0, rng=rng, progress=bar.update, **kwargs) for _, theta0, rng in jobs]
+                results, decisions = _run_in_process(target, jobs, kwargs, bar, rule)
             else:
-                results = _run_in_workers(target, jobs, cores, kwargs, bar)
+                results, decisions = _run_in_workers(target, jobs, cores, kwargs, bar, rule)
+            if decisions and decisions[-1].stop:
+                bar.total = bar.n  # the bar ends where the chains stopped
+                bar.refresh()
     elapsed = time.perf_counter() - t0
+    stopping = {"rule": "never" if rule is None else rule.name, "stopped": bool(decisions and decisions[-1].stop),
+                "iterations": [int(r["stopped_at"]) for r in results],
+                "reason": (decisions[-1].reason if decisions and decisions[-1].stop else
+                           f"the whole budget ran (tune + draws = {tune + draws} iterations per chain)"
+                           + (f"; last check: {decisions[-1].reason}" if decisions else "")),
+                "checks": [dec.as_dict() for dec in decisions]}
     return _to_datatree(target.density, results, {
         "draws": draws, "tune": tune, "chains": chains, "seed": -1 if seed is None else seed,
         "init": init if isinstance(init, str) else list(map(float, init)), "scheme": scheme.name, "cores": cores,
         "sampling_time_s": elapsed, "n_logp_evals": target.n_logp_evals - n0,
-    })
+    }, stopping)
+
+
+def _advance(run: Generator, stop: bool | None) -> tuple[str, Checkpoint | dict]:
+    """Resume a chain generator: ("checkpoint", checkpoint) or ("done", result)."""
+    try:
+        return "checkpoint", (next(run) if stop is None else run.send(stop))
+    except StopIteration as done:
+        return "done", done.value
+
+
+def _run_in_process(target: GradientMatchingTarget, jobs: list, kwargs: dict, bar,
+                    rule: StopRule | None) -> tuple[list[dict], list[Decision]]:
+    """Every chain in this process, advanced together from check to check."""
+    runs = [chain_iterations(target, theta0, rng=rng, progress=bar.update, chain=c, **kwargs) for c, theta0, rng in jobs]
+    current = [_advance(r, None) for r in runs]
+    decisions: list[Decision] = []
+    while current[0][0] == "checkpoint":
+        decisions.append(rule.decide([v for _, v in current], decisions[-1] if decisions else None))
+        current = [_advance(r, decisions[-1].stop) for r in runs]
+    return [v for _, v in current], decisions
 
 
 def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> list:
@@ -181,11 +257,15 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
     return jobs
 
 
-def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwargs: dict, bar) -> list[dict]:
+def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwargs: dict, bar,
+                    rule: StopRule | None) -> tuple[list[dict], list[Decision]]:
     """Run ``jobs`` in ``cores`` worker processes (chain c in worker c mod cores; see
-    :mod:`pgpgm.sampling.worker`)."""
-    procs, channels = [], []
+    :mod:`pgpgm.sampling.worker`); at every check the workers send their chains'
+    checkpoints and wait for the decision."""
+    procs, channels, controls = [], [], []
     results: dict[int, dict] = {}
+    pending: dict[int, dict[int, Checkpoint]] = {}
+    decisions: list[Decision] = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the modules this process sees
     try:
         for _ in range(cores):
@@ -193,11 +273,12 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
                                  stdout=subprocess.PIPE, env=env)
             procs.append(p)
             channels.append(Connection(os.dup(p.stdout.fileno()), writable=False))
-        for w, p in enumerate(procs):
+            controls.append(Connection(os.dup(p.stdin.fileno()), readable=False))
+            p.stdin.close()
+        for w, ctl in enumerate(controls):
             try:
-                p.stdin.write(cloudpickle.dumps((target.density, target.model, kwargs, jobs[w::cores])))
-                p.stdin.close()
-            except BrokenPipeError:
+                ctl.send_bytes(cloudpickle.dumps((target.density, target.model, kwargs, jobs[w::cores])))
+            except (BrokenPipeError, ConnectionError):
                 pass  # the worker died; reported below
         open_channels = list(channels)
         while len(results) < len(jobs):
@@ -214,17 +295,25 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
                     bar.update(value)
                 elif kind == "done":
                     results[chain] = value
+                elif kind == "checkpoint":
+                    at = pending.setdefault(value.iteration, {})
+                    at[chain] = value
+                    if len(at) == len(jobs):  # every chain reached this check
+                        del pending[value.iteration]
+                        decisions.append(rule.decide([at[c] for c, _, _ in jobs], decisions[-1] if decisions else None))
+                        for ctl in controls:
+                            ctl.send(decisions[-1].stop)
                 else:
                     raise SamplingError(f"chain {chain} failed in its worker process:\n{value}")
     finally:
-        for ch in channels:
-            ch.close()
+        for conn in (*channels, *controls):
+            conn.close()
         for p in procs:
             if p.poll() is None and len(results) < len(jobs):
                 p.kill()
             p.wait()
             p.stdout.close()
-    return [results[c] for c, _, _ in jobs]
+    return [results[c] for c, _, _ in jobs], decisions
 
 
 def _gp_start(target: GradientMatchingTarget) -> np.ndarray:
@@ -234,7 +323,7 @@ def _gp_start(target: GradientMatchingTarget) -> np.ndarray:
     return X
 
 
-def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict):
+def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict, stopping: dict):
     post = {p: np.stack([r["theta"][:, j] for r in results]) for j, p in enumerate(s.system.parameters)}
     for k, name in enumerate(s.system.states):
         post[name] = np.stack([r["X"][:, :, k] for r in results])
@@ -253,6 +342,7 @@ def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict
         }),
         "pgpgm_gp_fits": json.dumps([k.gp.as_dict() for k in s.terms]),
         "pgpgm_tuned_scales": json.dumps([r["tuned"] for r in results]),
+        "pgpgm_stopping": json.dumps(stopping),
     }
     tree = az.from_dict(
         {"posterior": post, "sample_stats": stats, "observed_data": obs},

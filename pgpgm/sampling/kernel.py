@@ -38,7 +38,11 @@ class ChainState:
     stats : the maintained vectors at (theta, X); logp : the model log density;
     conditional : the block scheme's Gaussian of the observed states given the current
     parameters (:class:`~pgpgm.sampling.conditional.ConditionalGaussian`; None until
-    the block scheme computes it, and in the element-wise scheme).
+    the block scheme computes it, and in the element-wise scheme);
+    logp_par : the log density's terms in the parameters alone, with the latent states
+    (:meth:`~pgpgm.sampling.target.GradientMatchingTarget.parameter_part`; the state sweep
+    leaves it unchanged), so that :func:`refresh` needs no ODE solve (NaN where unknown:
+    the element-wise step does not keep it).
     """
 
     q: np.ndarray
@@ -47,6 +51,7 @@ class ChainState:
     stats: SweepStatistics
     logp: float
     conditional: Any = None
+    logp_par: float = np.nan
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,24 @@ def init(target: GradientMatchingTarget, q0, X0=None) -> ChainState:
                          + target.explain(q0, X))
     if lat is not None:
         X[:, list(d.latent_idx)] = lat
-    return ChainState(q0, theta, X, d.statistics(theta, X), logp)
+    stats = d.statistics(theta, X)
+    return ChainState(q0, theta, X, stats, logp, logp_par=logp - target.state_part(X, stats))
 
 
 def anchor(state: ChainState, target: GradientMatchingTarget) -> ChainState:
-    """The same state with its log density evaluated afresh (against round-off of the sweep's sums)."""
+    """The same state with its log density evaluated afresh (against round-off of the sweep's
+    sums; with latent states one ODE solve: the element-wise scheme's anchor)."""
     return replace(state, logp=target.evaluate(state.q, state.X)[0])
+
+
+def refresh(state: ChainState, target: GradientMatchingTarget) -> ChainState:
+    """The same state with its maintained vectors and log density computed afresh (against
+    round-off of the sweep's sums) without an ODE solve: ``logp_par`` plus the state part
+    (:func:`anchor` where ``logp_par`` is unknown)."""
+    if not np.isfinite(state.logp_par):
+        return anchor(state, target)
+    stats = target.density.statistics(state.theta, state.X)
+    return replace(state, stats=stats, logp=state.logp_par + target.state_part(state.X, stats))
 
 
 def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.ndarray, move_states: np.ndarray,

@@ -5,7 +5,9 @@ A scheme is a small frozen object with
 - ``start(target, state, tune, state_scale, param_scale) -> (params, adaptation)``,
 - ``step(rng, state, params, target) -> (state, info)`` (pure),
 - ``adapt(params, adaptation, state, info, target) -> (params, adaptation)`` (burn-in only),
-- ``stats(info) -> dict`` (per kept draw) and ``tuned(params) -> dict`` (JSON).
+- ``stats(info) -> dict`` (per kept draw) and ``tuned(params) -> dict`` (JSON),
+- ``anchor(state, target) -> state``: the log density recomputed against round-off (every
+  100 iterations).
 
 ``"block"`` (:class:`Block`, the default of :func:`pgpgm.sample`) moves the parameters
 and the initial values jointly (:mod:`pgpgm.sampling.block`); ``"elementwise"``
@@ -23,7 +25,7 @@ import numpy as np
 from ..errors import DataError
 from . import adapt
 from .block import BlockInfo, BlockParams, Coordinates, block_step, block_vector
-from .kernel import ChainState, StepInfo, StepParams, step
+from .kernel import ChainState, StepInfo, StepParams, anchor, refresh, step
 from .target import GradientMatchingTarget
 
 
@@ -58,6 +60,11 @@ class Elementwise:
 
     def adapt(self, params, adaptation, state, info: StepInfo, target):
         return adapt.update(params, adaptation, info)
+
+    def anchor(self, state: ChainState, target: GradientMatchingTarget) -> ChainState:
+        """The full density evaluated afresh (one ODE solve with latent states), as recorded
+        in the reference draws of this scheme."""
+        return anchor(state, target)
 
     def stats(self, info: StepInfo) -> dict[str, Any]:
         return {"accept_x": float(info.accepted_x.mean()) if info.accepted_x.size else 0.0,
@@ -107,6 +114,11 @@ class Block:
 
     def adapt(self, params, adaptation, state, info: BlockInfo, target):
         return adapt.block_update(params, adaptation, block_vector(state, params, target), info)
+
+    def anchor(self, state: ChainState, target: GradientMatchingTarget) -> ChainState:
+        """The state part recomputed, the parameter part kept: no ODE solve, so every solve
+        of this scheme is one block proposal's."""
+        return refresh(state, target)
 
     def stats(self, info: BlockInfo) -> dict[str, Any]:
         return {"accept_x": float(info.accepted_x.mean()) if info.accepted_x.size else 0.0,

@@ -4,14 +4,18 @@ The driver (:func:`pgpgm.sampling.driver.sample` with ``cores > 1``) starts fres
 interpreters running this module rather than forking or re-importing the caller's
 ``__main__`` (so a script needs no ``if __name__ == "__main__"`` guard). Protocol:
 
-- stdin: one cloudpickle of ``(density, model, kwargs, jobs)``, ``jobs`` a list of
-  ``(chain, theta0, generator)``;
+- stdin: a :class:`multiprocessing.connection.Connection` carrying first the cloudpickle
+  of ``(density, model, kwargs, jobs)``, ``jobs`` a list of ``(chain, theta0, generator)``,
+  then one bool per check (``kwargs["checks"]``): stop there or go on;
 - stdout (fd 1, kept private: the worker's own prints go to stderr): a
   :class:`multiprocessing.connection.Connection` carrying ``("progress", chain, n)``,
-  ``("done", chain, result)`` and ``("error", chain, traceback)`` messages.
+  ``("checkpoint", chain, checkpoint)``, ``("done", chain, result)`` and
+  ``("error", chain, traceback)`` messages.
 
 The worker rebuilds the target from the pickled density and model (compiling it once),
-runs its chains one after another with BLAS single-threaded, and exits.
+runs its chains with BLAS single-threaded - one after another, or, with checks, together
+from check to check (it sends every chain's checkpoint and waits for the decision) - and
+exits.
 """
 
 from __future__ import annotations
@@ -29,32 +33,46 @@ def main() -> None:
     channel = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # anything printed from here on goes to stderr
     chain = -1
+    control = Connection(os.dup(0), writable=False)
     try:
         import cloudpickle
         from threadpoolctl import threadpool_limits
 
-        from .driver import run_chain
+        from .driver import _advance, chain_iterations
         from .target import GradientMatchingTarget
 
-        density, model, kwargs, jobs = cloudpickle.loads(sys.stdin.buffer.read())
+        density, model, kwargs, jobs = cloudpickle.loads(control.recv_bytes())
         with threadpool_limits(limits=1):
             target = GradientMatchingTarget(density, model)
+            runs, pending = [], {}
             for chain, theta0, rng in jobs:
-                pending = [0]
+                pending[chain] = [0]
 
-                def progress(n, chain=chain, pending=pending):
-                    pending[0] += n
-                    if pending[0] >= REPORT_EVERY:
-                        channel.send(("progress", chain, pending[0]))
-                        pending[0] = 0
+                def progress(n, chain=chain):
+                    pending[chain][0] += n
+                    if pending[chain][0] >= REPORT_EVERY:
+                        channel.send(("progress", chain, pending[chain][0]))
+                        pending[chain][0] = 0
 
-                result = run_chain(target, theta0, rng=rng, progress=progress, **kwargs)
-                channel.send(("progress", chain, pending[0]))
+                runs.append((chain, chain_iterations(target, theta0, rng=rng, progress=progress, chain=chain,
+                                                     **kwargs)))
+            if kwargs.get("checks"):  # together from check to check
+                current = [(chain, *_advance(run, None)) for chain, run in runs]
+                while current[0][1] == "checkpoint":
+                    for chain, _, value in current:
+                        channel.send(("checkpoint", chain, value))
+                    stop = control.recv()
+                    current = [(chain, *_advance(run, stop)) for chain, run in runs]
+            else:  # one after another
+                current = [(chain, *_advance(run, None)) for chain, run in runs]
+            for chain, _, result in current:
+                channel.send(("progress", chain, pending[chain][0]))
                 channel.send(("done", chain, result))
     except BaseException:  # reported to the driver, which raises
         channel.send(("error", chain, traceback.format_exc()))
     finally:
         channel.close()
+        control.close()
 
 
 if __name__ == "__main__":

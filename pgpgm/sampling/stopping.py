@@ -1,0 +1,173 @@
+"""When the gradient-matching chains may stop: they have found the basin.
+
+Step 2 exists to start the least-squares refinement (step 3) in the right basin. A stop
+rule looks at the chains every ``check_every`` iterations (from ``min_iterations`` on,
+tuning iterations included) through one :class:`Checkpoint` per chain - the mean of the
+latter half of the chain so far - and returns a :class:`Decision`.
+
+:class:`RefinedAgreement` (``stop="agree"``, :func:`pgpgm.fit`'s default) refines every
+chain's mean by least squares (:func:`pgpgm.refine`, the code of step 3) and stops once
+the best refined negative log likelihood has not dropped by more than ``tol`` for one
+check interval while every chain's refinement reaches it (all chains found the same
+optimum), or for ``patience`` intervals while they differ (a chain held in a worse mode of
+the gradient-matching density: the full budget would refine from every chain and keep
+the same best). ``stop="never"`` runs the whole budget (``tune + draws``), as published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from ..density import GradientMatchingDensity
+from ..errors import DataError
+from ..refine import LeastSquaresProblem, refine
+from ..solve import Integrator
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One chain at a check.
+
+    chain : chain number; iteration : iterations done (tuning included);
+    start : first iteration of the window the means are taken over, the latter half of
+    the chain so far (``min(iteration // 2, tune)``); theta : (P,) mean of the parameters
+    over the window; x0 : (M,) mean of the observed states' values at ``times[0]`` (state
+    units).
+    """
+
+    chain: int
+    iteration: int
+    start: int
+    theta: np.ndarray
+    x0: np.ndarray
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A stop rule's verdict at one check.
+
+    iteration : iterations done by every chain; stop : whether the chains stop here;
+    reason : why (or why not), in words; nll : (chains,) the refined negative log
+    likelihood from each chain's mean (empty for rules that do not refine); theta :
+    (chains, P) the refined parameters; settled : checks for which the best ``nll`` has
+    not dropped.
+    """
+
+    iteration: int
+    stop: bool
+    reason: str
+    nll: tuple[float, ...] = ()
+    theta: tuple[tuple[float, ...], ...] = ()
+    settled: int = 0
+
+    def as_dict(self) -> dict:
+        return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
+                "theta": [list(t) for t in self.theta], "settled": self.settled}
+
+
+class StopRule(Protocol):
+    """What :func:`pgpgm.sample` needs of a stop rule."""
+
+    name: ClassVar[str]
+    check_every: int
+    min_iterations: int
+
+    def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
+        """The verdict at one check, given every chain's checkpoint and the previous verdict."""
+
+
+@dataclass(frozen=True, eq=False)
+class RefinedAgreement:
+    """Stop when the best least-squares optimum refined from the chains' means has settled.
+
+    Parameters
+    ----------
+    density : the gradient-matching density (data, observed states, noise sds, x0)
+    integrator : the ODE solves of the refinements (the density's system at the data's times)
+    bounds : (P, 2) bounds of theta for the refinement (the uniform priors' support) or None
+    refine_x0 : refine the observed states' initial values too (started at the chain's mean)
+    estimate_noise : estimate the noise sds with theta (as :func:`pgpgm.fit` does when
+        no ``noise_sd`` is given)
+    tol : nats; the chains agree when their refined negative log likelihoods are within
+        ``tol`` of the best, and the best has settled when it dropped by at most ``tol``
+    check_every : iterations between checks
+    min_iterations : iterations before the first check
+    patience : checks the best must stay settled while the chains disagree
+
+    The default first check at 100 iterations and stop at 200 at the earliest follow the
+    published cases: every chain's mean refined to the global optimum by 150 iterations on
+    FitzHugh-Nagumo (R observed, seeds 0-2), after sitting in a local optimum for the first
+    50-100 (both chains agreeing there at 50: one check would not do).
+    """
+
+    density: GradientMatchingDensity
+    integrator: Integrator
+    bounds: np.ndarray | None = None
+    refine_x0: bool = True
+    estimate_noise: bool = True
+    tol: float = 0.01
+    check_every: int = 100
+    min_iterations: int = 100
+    patience: int = 2
+    name: ClassVar[str] = "agree"
+
+    def __post_init__(self):
+        if not (self.tol > 0 and all(int(v) == v >= 1 for v in (self.check_every, self.min_iterations,
+                                                               self.patience))):
+            raise DataError(f"tol > 0 and positive whole check_every, min_iterations, patience are required, got "
+                            f"{self.tol}, {self.check_every}, {self.min_iterations}, {self.patience}")
+
+    def problem(self, x0_observed: np.ndarray) -> LeastSquaresProblem:
+        """The least-squares problem of step 3 with the observed states starting at ``x0_observed`` (M,)."""
+        d = self.density
+        x0 = np.array(d.initial_state([float(v) for v in x0_observed]), float)
+        return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, x0,
+                                   free_x0=d.observed_idx if self.refine_x0 else ())
+
+    def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
+        it = checkpoints[0].iteration
+        refs = [refine(self.problem(c.x0), c.theta, self.bounds, estimate_noise=self.estimate_noise, warn=False)
+                for c in checkpoints]
+        nll = tuple(float(r.nll) for r in refs)
+        theta = tuple(tuple(float(v) for v in r.theta) for r in refs)
+        best = min(nll)
+        agree = bool(np.isfinite(best) and max(nll) - best <= self.tol)
+        # checks the best has stayed within tol of its current value (0: it dropped just now)
+        settled = 0 if previous is None else (previous.settled + 1 if min(previous.nll) - best <= self.tol else 0)
+        need = 1 if agree else self.patience
+        if settled >= need:
+            reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
+                      f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
+                      f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
+                      "iterations before" if agree else
+                      f"the best refined optimum (negative log likelihood {best:.6g}) has not changed for "
+                      f"{settled * self.check_every} iterations; the chains' means refine to different optima "
+                      f"({_fmt(nll)})")
+        else:
+            reason = (f"the best refined negative log likelihood {best:.6g} is "
+                      + ("the first" if previous is None else "new" if settled == 0 else "unchanged")
+                      + f" ({'chains agree' if agree else 'chains differ: ' + _fmt(nll)})")
+        return Decision(it, settled >= need, reason, nll, theta, settled)
+
+
+def _fmt(values) -> str:
+    return ", ".join(f"{v:.6g}" for v in values)
+
+
+def stop_rule(stop, density: GradientMatchingDensity) -> StopRule | None:
+    """The rule for ``stop``: None for ``"never"``; for ``"agree"`` a :class:`RefinedAgreement`
+    on ``density`` with its defaults (the density's latent-state integrator, the uniform
+    priors' bounds, noise sds estimated); a rule object as is."""
+    if isinstance(stop, str) and stop == "never":
+        return None
+    if isinstance(stop, str) and stop == "agree":
+        integrator = density.integrator or Integrator(density.system, density.obs.times)
+        return RefinedAgreement(density, integrator, density.priors.bounds)
+    if all(hasattr(stop, a) for a in ("decide", "check_every", "min_iterations", "name")):
+        return stop
+    raise DataError(f"stop must be 'agree', 'never' or a stop rule object such as RefinedAgreement(...), "
+                    f"got {stop!r}")

@@ -1,0 +1,181 @@
+"""Early stopping of the gradient-matching chains (against the full budget and an independent
+multi-start least-squares optimum), chains advanced together from check to check (in this
+process and in worker processes), and the ODE solves per proposal."""
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+import pgpgm
+from pgpgm import DataError, gradient_matching_density, sample
+from pgpgm.priors import Priors
+from pgpgm.refine import LeastSquaresProblem, refine
+from pgpgm.sampling import Block, Elementwise, GradientMatchingTarget
+from pgpgm.sampling.stopping import Decision, RefinedAgreement
+
+
+@dataclass(frozen=True)
+class StopAt:
+    """A stop rule for tests: stop at the first check at or after ``at``; keeps every checkpoint seen."""
+
+    at: int
+    check_every: int = 20
+    min_iterations: int = 20
+    seen: list = field(default_factory=list)
+    name: ClassVar[str] = "at"
+
+    def decide(self, checkpoints, previous):
+        self.seen.append(list(checkpoints))
+        it = checkpoints[0].iteration
+        return Decision(it, it >= self.at, f"iteration {it}")
+
+
+def _case(spec, case, seed=0):
+    c = spec.case(case)
+    data = spec.simulate(case, seed=seed)
+    return data, c, gradient_matching_density(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma,
+                                              priors=spec.priors(case))
+
+
+# ---------------------------------------------------------------- one solve per proposal
+@pytest.mark.parametrize("scheme", [Block(n_moves=4), Elementwise()], ids=["block", "elementwise"])
+def test_every_solve_is_one_proposal(fhn, scheme):
+    # FitzHugh-Nagumo with R observed: V is latent, so every parameter proposal needs a solve
+    _, _, density = _case(fhn, "R-observed")
+    target = GradientMatchingTarget(density)
+    integrator = density.integrator
+    tune, draws, chains = 150, 60, 2
+    n0, e0 = integrator.n_solves, target.n_logp_evals
+    sample(target, draws=draws, tune=tune, chains=chains, seed=2, cores=1, scheme=scheme, progressbar=False)
+    solves, evals = integrator.n_solves - n0, target.n_logp_evals - e0
+    iterations = chains * (tune + draws)
+    starts = 2 * chains  # the start is checked, then the chain evaluates it again
+    if isinstance(scheme, Block):
+        proposals = iterations * scheme.n_moves
+        assert evals == proposals + starts
+        assert solves == proposals + starts  # the anchor against round-off needs no solve
+    else:  # every parameter and the observed state's initial value, each alone
+        proposals = iterations * (fhn.system.n_parameters + 1)
+        anchors = chains * (3 + (tune + draws) // 100)  # the paper's scheme keeps its solving anchor
+        assert evals == proposals + starts + anchors
+        assert solves == proposals + starts + anchors
+
+
+# ---------------------------------------------------------------- chains together, check by check
+def test_checks_leave_the_draws_alone_and_a_stop_keeps_the_window(lv):
+    _, _, density = _case(lv, "x1-observed")
+    target = GradientMatchingTarget(density)
+    kw = {"draws": 60, "tune": 40, "chains": 2, "seed": 5, "cores": 1, "progressbar": False}
+    never = sample(target, **kw)
+    watched = sample(target, stop=StopAt(10_000), **kw)  # checks every 20 iterations, never stops
+    for v in ("theta1", "theta3", "x1", "x2"):
+        np.testing.assert_array_equal(never.posterior[v].values, watched.posterior[v].values)
+    s = json.loads(watched.attrs["pgpgm_stopping"])
+    assert (s["rule"], s["stopped"], s["iterations"]) == ("at", False, [100, 100])
+    assert [c["iteration"] for c in s["checks"]] == [20, 40, 60, 80]
+    assert json.loads(never.attrs["pgpgm_stopping"])["rule"] == "never"
+
+    rule = StopAt(80)
+    stopped = sample(target, stop=rule, **kw)
+    s = json.loads(stopped.attrs["pgpgm_stopping"])
+    assert (s["stopped"], s["iterations"], s["reason"]) == (True, [80, 80], "iteration 80")
+    # kept: the latter half of the 80 iterations, min(80 // 2, tune) = 40 to 80 = draws 0..39 of the full run
+    assert stopped.posterior.sizes["draw"] == 40
+    np.testing.assert_array_equal(stopped.posterior["theta2"].values, never.posterior["theta2"].values[:, :40])
+    last = rule.seen[-1]
+    for c, cp in enumerate(last):
+        assert (cp.chain, cp.iteration, cp.start) == (c, 80, 40)
+        means = [float(stopped.posterior[p].sel(chain=c).mean()) for p in lv.system.parameters]
+        np.testing.assert_allclose(cp.theta, means, rtol=1e-12)
+        np.testing.assert_allclose(cp.x0, float(stopped.posterior["x1"].sel(chain=c).isel(time=0).mean()), rtol=1e-12)
+    # before tuning ends the window is the latter half of the chain so far
+    assert [(cp.iteration, cp.start) for cp in (cps[0] for cps in rule.seen)] == [(20, 10), (40, 20), (60, 30),
+                                                                                     (80, 40)]
+
+
+def test_workers_stop_where_this_process_stops(lv):
+    _, _, density = _case(lv, "x1-observed")
+    kw = {"draws": 60, "tune": 40, "chains": 3, "seed": 8, "progressbar": False}
+    one = sample(density, cores=1, stop=StopAt(60), **kw)
+    two = sample(density, cores=2, stop=StopAt(60), **kw)  # chains 0 and 2 in one worker, chain 1 in the other
+    for v in ("theta1", "theta4", "x2"):
+        np.testing.assert_array_equal(one.posterior[v].values, two.posterior[v].values)
+    assert json.loads(two.attrs["pgpgm_stopping"])["iterations"] == [60, 60, 60]
+
+
+def test_bad_stop_settings(lv):
+    data, c, density = _case(lv, "x1-observed")
+    with pytest.raises(DataError, match="stop must be"):
+        sample(density, stop="soon", progressbar=False)
+    with pytest.raises(DataError, match="stop must be"):
+        pgpgm.fit(lv.system, data, c.observed, stop="soon", progressbar=False)
+    with pytest.raises(DataError, match="check_every"):
+        RefinedAgreement(density, density.integrator, check_every=0)
+
+
+# ---------------------------------------------------------------- early stopping finds the optimum
+def _multistart_optimum(spec, case, data, c, n_starts: int, seed: int = 1):
+    """The best of ``n_starts`` least-squares refinements from uniform starts in the prior box,
+    with the observed states' initial values started at the first observation (independent of
+    the sampler)."""
+    obs = pgpgm.data.as_observations(data, c.observed, spec.system)
+    gps = pgpgm.density.fit_gps(obs, c.kernel, seed=0)
+    idx = tuple(spec.system.index_of_states(obs.states))
+    x0 = np.array(c.x0, float)
+    x0[list(idx)] = obs.values[0]
+    problem = LeastSquaresProblem(pgpgm.Integrator(spec.system, obs.times), obs.values, idx,
+                                  [g.noise_sd for g in gps], x0, free_x0=idx)
+    bounds = Priors.from_user(spec.system.parameters, spec.priors(case)).bounds
+    rng = np.random.default_rng(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [refine(problem, rng.uniform(bounds[:, 0], bounds[:, 1]), bounds, estimate_noise=True, warn=False)
+                for _ in range(n_starts)]
+    return min(refs, key=lambda r: r.nll)
+
+
+def _fit(spec, case, data, c, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pgpgm.fit(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=spec.priors(case),
+                         posterior=None, progressbar=False, seed=0, **kw)
+
+
+def _check_stopped_at_optimum(r, best, budget):
+    a = r.estimates.attrs
+    assert a["sampling_stopped"] == 1
+    assert "same optimum" in a["sampling_stop_reason"] or "has not changed" in a["sampling_stop_reason"]
+    assert max(a["sampling_iterations"]) < budget
+    s = json.loads(r.gradient_matching.attrs["pgpgm_stopping"])
+    assert s["rule"] == "agree" and s["checks"][-1]["stop"] and not any(ch["stop"] for ch in s["checks"][:-1])
+    assert r.gradient_matching.posterior.sizes["draw"] == max(a["sampling_iterations"]) - min(
+        max(a["sampling_iterations"]) // 2, 1500)
+    assert abs(a["refinement_nll"] - best.nll) < 1e-6
+    np.testing.assert_allclose(r.theta, best.theta, rtol=1e-4)
+
+
+def test_early_stopping_reaches_the_multistart_optimum_on_lotka_volterra(lv):
+    data, c, _ = _case(lv, "x1-observed")
+    best = _multistart_optimum(lv, "x1-observed", data, c, 40)
+    _check_stopped_at_optimum(_fit(lv, "x1-observed", data, c), best, 3500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,case,starts", [("lotka-volterra", "x1-observed", 40),
+                                              ("fitzhugh-nagumo", "R-observed", 150)])
+def test_early_stopping_gives_the_full_budgets_optimum(name, case, starts):
+    spec = pgpgm.load_model(name)
+    data, c, _ = _case(spec, case)
+    best = _multistart_optimum(spec, case, data, c, starts)
+    early = _fit(spec, case, data, c)
+    full = _fit(spec, case, data, c, stop="never")
+    _check_stopped_at_optimum(early, best, 3500)
+    assert full.estimates.attrs["sampling_stopped"] == 0
+    assert full.gradient_matching.posterior.sizes["draw"] == 2000
+    assert abs(full.estimates.attrs["refinement_nll"] - best.nll) < 1e-6
+    np.testing.assert_allclose(early.theta, full.theta, rtol=1e-5)
+    assert early.n_ode_solves["sampling"] < full.n_ode_solves["sampling"] / 2
