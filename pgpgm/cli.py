@@ -157,7 +157,8 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     diag = result.diagnostics.to_dataframe().round(4) if result.diagnostics is not None else None
     checks = [f"- {k}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
               for k, v in result.convergence_problems().items()]
-    lines = [f"# {title}", "", _table(table), "",
+    bounds = [f"- {m}" for m in result.at_bounds.values()]
+    lines = [f"# {title}", "", _table(table), "", *(["## At a prior bound", "", *bounds, ""] if bounds else []),
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
              "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]
     if diag is not None:

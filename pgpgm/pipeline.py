@@ -11,6 +11,7 @@ import xarray as xr
 
 from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
 from .density import fit_gps, gradient_matching_density, per_state
+from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
@@ -92,6 +93,12 @@ def fit(
     posterior; the result keeps every parameter (``estimates["fixed"]`` marks them, with
     standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
     values given for fixed parameters are ignored.
+
+    A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
+    its draws within 1 % of the box width of a bound, gives a
+    :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
+    widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
+    ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
 
     Raises
     ------
@@ -208,6 +215,10 @@ def fit(
     if posterior != "laplace":
         warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else "gradient-matching")
 
+    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior}
+    at_bounds = bound_report(density.priors, ref.theta, draws)
+    warn_at_bounds(at_bounds)
+
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
     estimates = [("sampled", theta_s), ("refined", ref.theta)]
@@ -227,6 +238,8 @@ def fit(
          "stderr": (("parameter",), every(ref.stderr, 0.0)),
          "covariance": (("parameter", "parameter_"), cov),
          "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
+         "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
+                                       for p in full.parameters]),
          "x0": (("state",), ref.x0),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
         coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
@@ -234,7 +247,8 @@ def fit(
                 "parameter_": list(full.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
-               "refinement_success": int(ref.success), "refinement_message": ref.message},
+               "refinement_success": int(ref.success), "refinement_message": ref.message,
+               "bound_warnings": "\n".join(a.message for a in at_bounds)},
     )
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):

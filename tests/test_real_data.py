@@ -293,3 +293,37 @@ def test_per_state_kernel_and_gamma(lv):
         pgpgm.gradient_matching_density(lv.system, ds, ["x1", "x2"], gamma={"x1": 0.3})
     with pytest.raises(DataError, match=r"kernel given for \['x3'\]"):
         pgpgm.fit(lv.system, ds, ["x1", "x2"], kernel={"x1": "rbf", "x2": "rbf", "x3": "rbf"}, progressbar=False)
+
+
+# ---------------------------------------------------------------- estimates at a prior bound
+def test_bound_report_counts_draws():
+    from pgpgm.bounds import bound_report
+
+    priors = pgpgm.Priors.from_user(["a", "b", "c"], {"a": (0, 10), "b": (1, 2), "c": lambda n: None})
+    rng = np.random.default_rng(0)
+    near = rng.uniform(1.0, 1.0 + 0.009, 30)       # within 1 % of the width (0.01) of b's lower bound
+    draws = {"a": rng.uniform(2, 8, 200), "b": np.r_[near, rng.uniform(1.2, 1.8, 170)], "c": rng.normal(size=200)}
+    report = bound_report(priors, [9.9995, 1.5, 100.0], draws)
+    assert [(r.parameter, r.side, r.refined) for r in report] == [("a", "upper", True), ("b", "lower", False)]
+    assert report[1].fraction == 30 / 200 and np.isclose(report[0].fraction, np.mean(draws["a"] >= 9.9))
+    assert "b is at the lower bound 1 of its Uniform prior (1, 2): 15 % of the posterior draws" in report[1].message
+    assert "widen the prior, e.g. priors={'a': (0, 20)}" in report[0].message
+    assert bound_report(priors, [5.0, 1.5, 0.0], {"b": np.r_[near[:20], rng.uniform(1.2, 1.8, 180)]}) == ()
+
+
+def test_fit_warns_when_the_refined_estimate_is_on_a_bound(lv, tmp_path):
+    from pgpgm.cli import _write_outputs
+
+    ds = _async(lv, missing=0.0)
+    with pytest.warns(pgpgm.BoundWarning, match=r"theta3 is at the upper bound 3 of its Uniform prior \(0, 3\)"):
+        r = pgpgm.fit(lv.system, ds, ["x1", "x2"], noise_sd=0.1, priors={"theta3": (0, 3)}, draws=150, tune=150,
+                      posterior="laplace", posterior_draws=100, posterior_chains=1, progressbar=False)
+    assert abs(r.theta[2] - 3.0) <= 1e-3 * 3  # the truth (4) is outside the box
+    assert list(r.at_bounds) == ["theta3"] and "widen the prior" in r.at_bounds["theta3"]
+    table = r.parameter_table()
+    assert table.loc["theta3", "at_bound"] == "upper" and (table["at_bound"] != "").sum() == 1
+    back = pgpgm.load_result(r.save(tmp_path / "b.nc"))
+    assert back.at_bounds == r.at_bounds
+    _write_outputs(r, tmp_path / "out", "bound test")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## At a prior bound" in summary and "theta3 is at the upper bound 3" in summary
