@@ -166,15 +166,25 @@ def fit(
     n_sampling = integrator.n_solves
     post = tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
-    x0_full = np.array(density.initial_state([float(post[s].isel(time=0).mean()) for s in obs.states]))
+    unknown = [system.states[i] for i in density.unknown_x0_idx]  # latent states with unknown initial values
+
+    def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
+        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
+        return np.array(density.initial_state([mean(s) for s in obs.states], [mean(s) for s in unknown]))
+
+    x0_full = start_x0({})
 
     t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
+    free_x0 = (density.observed_idx if refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
     problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
-                                  free_x0=density.observed_idx if refine_x0 else ())
+                                  free_x0=free_x0)
     # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
-    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
-                           for c in post.chain.values] if post.sizes["chain"] > 1 else [])
+    starts = [np.concatenate([theta_s, x0_full[list(free_x0)]])] + (
+        [np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
+                         np.where(np.isin(np.arange(system.n_states), density.unknown_x0_idx),
+                                  start_x0({"chain": c}), x0_full)[list(free_x0)]])
+         for c in post.chain.values] if post.sizes["chain"] > 1 else [])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
     usable = [r for r in refinements if np.isfinite(r.nll)]
@@ -196,10 +206,11 @@ def fit(
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=density.noise_sd, solver=integrator.solver,
-                                        dense_times=dense.times)
-        center, sd = _refined_point(layout, ref, obs)
+                                        dense_times=dense.times,
+                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)))
+        center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
         names = {**{p: p for p in layout.parameters},
-                 **{f"x0[{s}]": n for s, n in zip(obs.states, layout.initial)}}
+                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *unknown), layout.initial)}}
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
@@ -241,6 +252,8 @@ def fit(
          "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
                                        for p in full.parameters]),
          "x0": (("state",), ref.x0),
+         "x0_stderr": (("state",), _x0_stderr(ref, system.states)),
+         "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
         coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
                 "state": list(system.states),
@@ -274,21 +287,27 @@ def fit(
     return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
 
 
-def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict[str, float]]:
+def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:
     """The refined optimum by the ODE model's variable names, and a spread for each: the
     refinement's standard errors of theta and the free initial values (10 % of the value
     where undetermined), sigma/sqrt(2N) for a noise sd."""
     se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
     center, sd = {}, {}
-    idx = [list(layout.states).index(s) for s in obs.states]
+    idx = [list(layout.states).index(s) for s in initial_states]
     for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
-                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, obs.states, idx))]:
+                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, initial_states, idx))]:
         s = se.get(key, np.nan)
         center[name] = float(v)
         sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
     for name, sig, n in zip(layout.noise, ref.noise_sd, obs.n_obs):
         center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * n)
     return center, sd
+
+
+def _x0_stderr(ref: Refinement, states) -> np.ndarray:
+    """(S,) standard errors of the refined initial values (0 where the value was held fixed)."""
+    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+    return np.array([se.get(f"x0[{s}]", 0.0) for s in states])
 
 
 def _stack_diagnostics(diagnostics: dict[str, xr.Dataset]) -> xr.Dataset:
