@@ -293,6 +293,10 @@ def gradient_matching_density(
     x0_full = initial_values(system, data, x0, obs_idx)
     x0_priors = initial_value_priors(system, x0, obs_idx)
     unknown = [s for s in system.states if s in x0_priors]  # state order
+    clash = [f"{s}_0" for s in unknown if f"{s}_0" in system.parameters]
+    if clash:
+        raise DataError(f"the unknown initial values would be named {clash}, which are parameter names; rename the "
+                        "parameters")
     x0_prior = Priors.from_user([f"{s}_0" for s in unknown], {f"{s}_0": x0_priors[s] for s in unknown})
     prior = Priors.from_user(system.parameters, priors)
     M = len(obs.states)
