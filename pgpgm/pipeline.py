@@ -94,6 +94,12 @@ def fit(
     standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
     values given for fixed parameters are ignored.
 
+    Unknown initial values: ``x0={"H": (0, 50)}`` (a Uniform prior) or ``x0={"H": callable}``
+    for a latent state makes ``H_0`` a free variable: sampled with the parameters in step 2,
+    refined by least squares with a standard error (``estimates["x0_stderr"]``; the Jacobian
+    from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
+    initial value of every state. Known initial values keep the fast path.
+
     A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
     its draws within 1 % of the box width of a bound, gives a
     :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
