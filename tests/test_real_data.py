@@ -116,7 +116,7 @@ def _numpy_density(density, theta, X):
 def latent_target(lv):
     """x1 measured on its own times with 30 % missing, x2 latent (one model compile, shared)."""
     density = pgpgm.gradient_matching_density(lv.system, _async(lv), ["x1"], x0={"x2": 3.0}, gamma=0.3,
-                                              priors=(0, 10))
+                                              priors=(0, 10), solver=pgpgm.CVODE(rtol=1e-12, atol=1e-12))
     return GradientMatchingTarget(density)
 
 
