@@ -8,8 +8,8 @@ The pipeline, in the order of the package layout: ``ode`` (model definition) ->
 from .batch import FitJob, fit_many, jobs_from_folder, jobs_from_tidy_csv, product_jobs
 from .data import Observations
 from .density import GradientMatchingDensity, build_model, gradient_matching_density
-from .errors import (BackendWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
-                     ODESolveError, PgpgmError, ResultFileError, SamplingError)
+from .errors import (BackendWarning, BoundWarning, ConvergenceWarning, DataError, IdentifiabilityWarning,
+                     ModelDefinitionError, ODESolveError, PgpgmError, ResultFileError, SamplingError)
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
 from .pipeline import fit
@@ -29,6 +29,7 @@ __all__ = [
     "Block",
     "Elementwise",
     "BackendWarning",
+    "BoundWarning",
     "ConvergenceWarning",
     "IdentifiabilityWarning",
     "ResultFileError",

@@ -11,7 +11,8 @@ import numpy as np
 import xarray as xr
 
 from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
-from .density import fit_gps, gradient_matching_density
+from .density import fit_gps, gradient_matching_density, per_state
+from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
@@ -54,6 +55,8 @@ def fit(
     cores: int | None = None,
     progressbar: bool = True,
     stop="agree",
+    grid=None,
+    fixed: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -89,6 +92,32 @@ def fit(
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
 
+    Data: each observed state may have its own times and missing values (a tidy long
+    DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
+    at least 3 measurements per state). Each state's GP is fitted to its own measurements;
+    the density, the refinement's solve and the posterior live on one grid, the union of the
+    observation times or ``grid`` (e.g. denser; it must span the data); the observation
+    terms (sampling, refinement residuals, posterior likelihood) count measured values only.
+    ``kernel`` and ``gamma`` may be mappings observed state -> value.
+
+    ``fixed={"t6": 0.3}`` holds parameters at known values: they are substituted into the
+    equations (:meth:`pgpgm.ODESystem.fix`) and take no part in sampling, refinement and the
+    posterior; the result keeps every parameter (``estimates["fixed"]`` marks them, with
+    standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
+    values given for fixed parameters are ignored.
+
+    Unknown initial values: ``x0={"H": (0, 50)}`` (a Uniform prior) or ``x0={"H": callable}``
+    for a latent state makes ``H_0`` a free variable: sampled with the parameters in step 2,
+    refined by least squares with a standard error (``estimates["x0_stderr"]``; the Jacobian
+    from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
+    initial value of every state. Known initial values keep the fast path.
+
+    A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
+    its draws within 1 % of the box width of a bound, gives a
+    :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
+    widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
+    ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
+
     Raises
     ------
     DataError
@@ -121,24 +150,38 @@ def fit(
     if isinstance(stop, str) and stop not in ("agree", "never"):
         raise DataError(f"stop must be 'agree' (stop when the chains agree), 'never' (the whole budget) or a stop "
                         f"rule object, got {stop!r}")
-    if isinstance(kernel, str) and kernel not in KERNELS:
-        raise DataError(f"unknown kernel {kernel!r}; built-in kernels are {sorted(KERNELS)}")
-    check_gamma(gamma)
-    obs = as_observations(data, observed, system)
+    for k in (kernel.values() if isinstance(kernel, Mapping) else [kernel]):
+        if isinstance(k, str) and k not in KERNELS:
+            raise DataError(f"unknown kernel {k!r}; built-in kernels are {sorted(KERNELS)}")
+    obs = as_observations(data, observed, system, grid=grid)
+    for name, value in (("gamma", gamma), ("kernel", kernel)):
+        for v in per_state(value, obs.states, name):
+            if name == "gamma":
+                check_gamma(v)
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
-    Priors.from_user(system.parameters, priors)
     if true_theta is not None:
         tt = as_float_array(true_theta, "true_theta")
         if tt.shape != (system.n_parameters,) or not np.all(np.isfinite(tt)):
             raise DataError(f"true_theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
                             f"got {true_theta!r}")
+    full, fixed = system, dict(fixed or {})
+    if fixed:  # fixed parameters become numbers in the equations: the fit runs on the others
+        system = full.fix(fixed)
+        fixed = {k: float(v) for k, v in fixed.items()}
+        if isinstance(priors, Mapping):
+            priors = {k: v for k, v in priors.items() if k not in fixed}
+        if not isinstance(init, str):
+            values = as_float_array(init, "init")
+            if values.shape == (full.n_parameters,):
+                init = values[[full.parameters.index(p) for p in system.parameters]]
+    Priors.from_user(system.parameters, priors)
     gps = fit_gps(obs, kernel, noise_sd=noise_sd, seed=seed)
     timings["gp"] = time.perf_counter() - t0
     integrator = Integrator(system, obs.times, solver)
     density = gradient_matching_density(system, data, obs.states, x0=x0, kernel=kernel, gamma=gamma, priors=priors,
-                                        noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed)
+                                        noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed, grid=grid)
     t1 = time.perf_counter()
     if isinstance(stop, str) and stop == "agree":
         stop = RefinedAgreement(density, integrator, density.priors.bounds, refine_x0=refine_x0,
@@ -151,18 +194,25 @@ def fit(
     n_sampling = integrator.n_solves
     post = tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
-    x0_full = np.array(density.initial_state([float(post[s].isel(time=0).mean()) for s in obs.states]))
+    unknown = [system.states[i] for i in density.unknown_x0_idx]  # latent states with unknown initial values
+
+    def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
+        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
+        return np.array(density.initial_state([mean(s) for s in obs.states], [mean(s) for s in unknown]))
+
+    x0_full = start_x0({})
 
     t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
+    free_x0 = (density.observed_idx if refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
     problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
-                                  free_x0=density.observed_idx if refine_x0 else ())
-    # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and, when
-    # refined, its observed states' initial values, as the stop checks refine them); keep the best
-    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters]
-                                    + ([float(post[s].sel(chain=c).isel(time=0).mean()) for s in obs.states]
-                                       if refine_x0 else []))
-                           for c in post.chain.values] if post.sizes["chain"] > 1 else [])
+                                  free_x0=free_x0)
+    # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
+    # free initial values, as the stop checks refine them); keep the best
+    starts = [np.concatenate([theta_s, x0_full[list(free_x0)]])] + (
+        [np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
+                         start_x0({"chain": c})[list(free_x0)]])
+         for c in post.chain.values] if post.sizes["chain"] > 1 else [])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
     usable = [r for r in refinements if np.isfinite(r.nll)]
@@ -184,10 +234,11 @@ def fit(
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=density.noise_sd, solver=integrator.solver,
-                                        dense_times=dense.times)
-        center, sd = _refined_point(layout, ref, obs)
+                                        dense_times=dense.times,
+                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)))
+        center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
         names = {**{p: p for p in layout.parameters},
-                 **{f"x0[{s}]": n for s, n in zip(obs.states, layout.initial)}}
+                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *unknown), layout.initial)}}
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
@@ -205,25 +256,44 @@ def fit(
                             "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
                                                    "to the end)" if stopping["stopped"] else ""))
 
+    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior}
+    at_bounds = bound_report(density.priors, ref.theta, draws)
+    warn_at_bounds(at_bounds)
+
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
     estimates = [("sampled", theta_s), ("refined", ref.theta)]
     if posterior is not None:
         estimates.append(("posterior", np.array([float(main.posterior[p].mean()) for p in system.parameters])))
+    free = [full.parameters.index(p) for p in system.parameters]
+
+    def every(values, fill=None):  # free-parameter values (P_free,) to all parameters (P,)
+        out = np.array([fixed.get(p, np.nan) if fill is None else fill for p in full.parameters], float)
+        out[free] = values
+        return out
+
+    cov = np.zeros((full.n_parameters, full.n_parameters))
+    cov[np.ix_(free, free)] = ref.covariance
     est = xr.Dataset(
-        {"theta": (("estimate", "parameter"), np.vstack([v for _, v in estimates])),
-         "stderr": (("parameter",), ref.stderr),
-         "covariance": (("parameter", "parameter_"), ref.covariance),
+        {"theta": (("estimate", "parameter"), np.vstack([every(v) for _, v in estimates])),
+         "stderr": (("parameter",), every(ref.stderr, 0.0)),
+         "covariance": (("parameter", "parameter_"), cov),
+         "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
+         "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
+                                       for p in full.parameters]),
          "x0": (("state",), ref.x0),
+         "x0_stderr": (("state",), _x0_stderr(ref, system.states)),
+         "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
-        coords={"estimate": [k for k, _ in estimates], "parameter": list(system.parameters),
+        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
                 "state": list(system.states),
-                "parameter_": list(system.parameters)},
+                "parameter_": list(full.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
                "refinement_success": int(ref.success), "refinement_message": ref.message,
                "sampling_stopped": int(stopping["stopped"]), "sampling_stop_reason": stopping["reason"],
-               "sampling_iterations": stopping["iterations"]},
+               "sampling_iterations": stopping["iterations"],
+               "bound_warnings": "\n".join(a.message for a in at_bounds)},
     )
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
@@ -234,7 +304,8 @@ def fit(
         est["truth"] = ("parameter", true_theta)
         x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
                    else x0_full)
-        rows.append(_safe_solve(dense, true_theta, x0_true))
+        truth_solve = Integrator(full, dense.times, integrator.solver) if fixed else dense
+        rows.append(_safe_solve(truth_solve, true_theta, x0_true))
         labels.append("truth")
     traj = xr.Dataset(
         {"x": (("estimate", "time_dense", "state"), np.stack(rows)),
@@ -245,24 +316,30 @@ def fit(
                 "observed": list(obs.states)},
     )
     solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
-    return FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
 
 
-def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict[str, float]]:
+def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:
     """The refined optimum by the ODE model's variable names, and a spread for each: the
     refinement's standard errors of theta and the free initial values (10 % of the value
     where undetermined), sigma/sqrt(2N) for a noise sd."""
     se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
     center, sd = {}, {}
-    idx = [list(layout.states).index(s) for s in obs.states]
+    idx = [list(layout.states).index(s) for s in initial_states]
     for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
-                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, obs.states, idx))]:
+                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, initial_states, idx))]:
         s = se.get(key, np.nan)
         center[name] = float(v)
         sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
-    for name, sig in zip(layout.noise, ref.noise_sd):
-        center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * obs.times.size)
+    for name, sig, n in zip(layout.noise, ref.noise_sd, obs.n_obs):
+        center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * n)
     return center, sd
+
+
+def _x0_stderr(ref: Refinement, states) -> np.ndarray:
+    """(S,) standard errors of the refined initial values (0 where the value was held fixed)."""
+    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+    return np.array([se.get(f"x0[{s}]", 0.0) for s in states])
 
 
 def _stack_diagnostics(diagnostics: dict[str, xr.Dataset]) -> xr.Dataset:

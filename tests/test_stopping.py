@@ -91,7 +91,7 @@ def test_checks_leave_the_draws_alone_and_a_stop_keeps_the_window(lv):
         assert (cp.chain, cp.iteration, cp.start) == (c, 80, 40)
         means = [float(stopped.posterior[p].sel(chain=c).mean()) for p in lv.system.parameters]
         np.testing.assert_allclose(cp.theta, means, rtol=1e-12)
-        np.testing.assert_allclose(cp.x0, float(stopped.posterior["x1"].sel(chain=c).isel(time=0).mean()), rtol=1e-12)
+        np.testing.assert_allclose(cp.x0[0], float(stopped.posterior["x1"].sel(chain=c).isel(time=0).mean()), rtol=1e-12)
     # before tuning ends the window is the latter half of the chain so far
     assert [(cp.iteration, cp.start) for cp in (cps[0] for cps in rule.seen)] == [(20, 10), (40, 20), (60, 30),
                                                                                      (80, 40)]

@@ -35,8 +35,8 @@ class Checkpoint:
     chain : chain number; iteration : iterations done (tuning included);
     start : first iteration of the window the means are taken over, the latter half of
     the chain so far (``min(iteration // 2, tune)``); theta : (P,) mean of the parameters
-    over the window; x0 : (M,) mean of the observed states' values at ``times[0]`` (state
-    units).
+    over the window; x0 : (S,) mean of every state's value at ``times[0]`` over the window
+    (state units; a latent state with a known initial value has it in every draw).
     """
 
     chain: int
@@ -121,17 +121,19 @@ class RefinedAgreement:
             raise DataError(f"tol > 0 and positive whole check_every, min_iterations, patience are required, got "
                             f"{self.tol}, {self.check_every}, {self.min_iterations}, {self.patience}")
 
-    def problem(self, x0_observed: np.ndarray) -> LeastSquaresProblem:
-        """The least-squares problem of step 3 with the observed states starting at ``x0_observed`` (M,)."""
+    def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
+        """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the
+        observed states' initial values free when ``refine_x0``, unknown latent ones always."""
         d = self.density
-        x0 = np.array(d.initial_state([float(v) for v in x0_observed]), float)
-        return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, x0,
-                                   free_x0=d.observed_idx if self.refine_x0 else ())
+        free = (d.observed_idx if self.refine_x0 else ()) + d.unknown_x0_idx
+        return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, np.asarray(x0, float),
+                                   free_x0=free)
 
     def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
         it = checkpoints[0].iteration
-        refs = [refine(self.problem(c.x0), c.theta, self.bounds, estimate_noise=self.estimate_noise, warn=False)
-                for c in checkpoints]
+        problems = [self.problem(c.x0) for c in checkpoints]
+        refs = [refine(pr, np.concatenate([c.theta, pr.x0[list(pr.free_x0)]]), self.bounds,
+                       estimate_noise=self.estimate_noise, warn=False) for pr, c in zip(problems, checkpoints)]
         nll = tuple(float(r.nll) for r in refs)
         theta = tuple(tuple(float(v) for v in r.theta) for r in refs)
         best = min(nll)

@@ -32,10 +32,12 @@ class SweepArrays:
     Cinv, Dt (= D^T), P (= (A + gamma I)^-1), PDt (= (P D)^T) : (M, N, N);
     D : (M, N, N); dtpd : (M, N) diag(D^T P D); inv_var : (M,) 1/sigma^2; mu : (M,);
     obs_idx : (M,) state indices. For the block scheme's conditional Gaussian
-    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data;
+    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data
+    (zero where not measured);
     lin : (M, N) C^-1 mu 1 + y / sigma^2 (the linear term of the GP prior and likelihood);
     Dmu : (M, N) D mu 1; gp_mean : (N, M) GP posterior means of the observed states;
-    lat_idx : (L,) latent state indices.
+    lat_idx : (L,) latent state indices. obs_precision : (M, N) the observation term's
+    precision of each value: 1/sigma_m^2 where state m is measured at time i, 0 where not.
     """
 
     Cinv: np.ndarray
@@ -53,6 +55,7 @@ class SweepArrays:
     Dmu: np.ndarray
     gp_mean: np.ndarray
     lat_idx: np.ndarray
+    obs_precision: np.ndarray
 
     @classmethod
     def from_density(cls, d: GradientMatchingDensity) -> SweepArrays:
@@ -72,15 +75,16 @@ class SweepArrays:
         Dt = np.ascontiguousarray(D.transpose(0, 2, 1))
         inv_var = 1.0 / d.noise_sd**2
         mu = np.array([k.matching.mean for k in d.terms])
-        Y = d.obs.values
+        Y = d.obs.filled(0.0)
+        W = np.ascontiguousarray(np.where(d.obs.mask.T, inv_var[:, None], 0.0))  # zero where not measured
         return cls(Cinv, D, Dt, P, np.ascontiguousarray(PD.transpose(0, 2, 1)), np.einsum("mji,mji->mi", D, PD),
                    inv_var, mu, np.array(d.observed_idx, dtype=np.int64), Dt @ PD,
-                   Y, mu[:, None] * Cinv.sum(axis=2) + inv_var[:, None] * Y.T, mu[:, None] * D.sum(axis=2),
-                   d.gp_posterior_means(), np.array(d.latent_idx, dtype=np.int64))
+                   Y, mu[:, None] * Cinv.sum(axis=2) + W * Y.T, mu[:, None] * D.sum(axis=2),
+                   d.gp_posterior_means(), np.array(d.latent_idx, dtype=np.int64), W)
 
     def conditional_sd(self) -> np.ndarray:
         """(N, M) sd of each state value given all others (the sweep's default proposal scale / 1.5)."""
-        prec = np.diagonal(self.Cinv, axis1=1, axis2=2) + self.inv_var[:, None] + self.dtpd
+        prec = np.diagonal(self.Cinv, axis1=1, axis2=2) + self.obs_precision + self.dtpd
         return (1.0 / np.sqrt(prec)).T.copy()
 
 
@@ -98,7 +102,8 @@ class GradientMatchingTarget:
     Attributes
     ----------
     space : ``"constrained"`` or ``"value"``, as given
-    coordinate_names : (P,) names of the sampler's parameter coordinates in the model point
+    coordinate_names : (Q,) names of the sampler's coordinates in the model point: the P
+        parameters, then the U unknown latent initial values ``<state>_0`` (Q = P + U)
     arrays : :class:`SweepArrays`
     n_logp_evals : full density evaluations so far
     """
@@ -112,7 +117,7 @@ class GradientMatchingTarget:
         self.model = density.model() if model is None else model
         _refuse_state_terms(density, self.model)
         m = remove_value_transforms(self.model) if space == "constrained" else self.model
-        params = [m[p] for p in density.system.parameters]
+        params = [m[p] for p in (*density.system.parameters, *density.x0_priors.names)]
         outs = [m.logp(), *m.replace_rvs_by_values(params)]
         if density.latent:
             outs += m.replace_rvs_by_values([m[n] for n in density.latent])
@@ -130,7 +135,8 @@ class GradientMatchingTarget:
         m, d = self.prior_model, self.density
         own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in d.obs.states), *d.obs.states}
         terms = [v for v in (*m.basic_RVs, *m.potentials) if v.name not in own]
-        outs = [m.logp(vars=terms), *m.replace_rvs_by_values([m[p] for p in d.system.parameters])]
+        outs = [m.logp(vars=terms),
+                *m.replace_rvs_by_values([m[p] for p in (*d.system.parameters, *d.x0_priors.names)])]
         if d.latent:
             outs += m.replace_rvs_by_values([m[n] for n in d.latent])
         return m.compile_fn(outs, point_fn=True)
@@ -138,13 +144,14 @@ class GradientMatchingTarget:
     @cached_property
     def log_normaliser(self) -> float:
         """The constant the model's log density carries beyond :meth:`state_part`'s
-        quadratic forms: the Normal likelihood's -N/2 log(2 pi sigma^2) per observed state."""
-        N = self.density.obs.times.size
+        quadratic forms: the Normal likelihood's -N_k/2 log(2 pi sigma_k^2) per observed state
+        (N_k its number of measurements)."""
+        N = self.density.obs.n_obs
         return float(np.sum(-0.5 * N * np.log(2 * np.pi) - N * np.log(self.density.noise_sd)))
 
     def parameter_part(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
         """The log density's terms in the parameters alone, the parameters (P,) and the
-        latent states (N, L) at coordinates q (P,): one ODE solve from the observed states'
+        latent states (N, L) at coordinates q (Q,): one ODE solve from the observed states'
         values ``X[0]`` (N, S; only row 0 is read). ``parameter_part(q, X)[0] +
         state_part(X, stats)`` equals ``evaluate(q, X)[0]``."""
         self.n_logp_evals += 1
@@ -154,9 +161,9 @@ class GradientMatchingTarget:
         else:  # no solve: the parameters alone
             point = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
         out = self.parameter_function(point)
-        P = self.density.system.n_parameters
+        P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
-        lat = np.column_stack(out[P + 1 :]) if latent else None
+        lat = np.column_stack(out[Q + 1 :]) if latent else None
         if latent and not np.all(np.isfinite(lat)):
             return -np.inf, theta, lat
         return float(out[0]), theta, lat
@@ -167,16 +174,17 @@ class GradientMatchingTarget:
         at states X (N, S), in O(N M)."""
         a = self.arrays
         xm = X[:, a.obs_idx].T  # (M, N)
-        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.inv_var[:, None] * (a.Y.T - xm) ** 2)
+        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.obs_precision * (a.Y.T - xm) ** 2)
         q += np.sum(stats.r * stats.z)
         return -0.5 * float(q) + self.log_normaliser
 
     def lower_bounds(self) -> np.ndarray:
-        """(P,) the lower end of each parameter's support (-inf when unbounded below), read
+        """(Q,) the lower end of each coordinate's support (-inf when unbounded below), read
         from the model's value transforms (interval and log transforms)."""
         m = self.model
-        out = np.full(self.density.system.n_parameters, -np.inf)
-        for j, p in enumerate(self.density.system.parameters):
+        names = (*self.density.system.parameters, *self.density.x0_priors.names)
+        out = np.full(len(names), -np.inf)
+        for j, p in enumerate(names):
             rv = m[p]
             tr = m.rvs_to_transforms.get(rv)
             if isinstance(tr, LogTransform):
@@ -198,9 +206,9 @@ class GradientMatchingTarget:
         """Full model log density, parameters (P,) and latent states (N, L) at q (P,) and X (N, S)."""
         self.n_logp_evals += 1
         out = self._fn(self.point(q, X))
-        P = self.density.system.n_parameters
+        P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
-        lat = np.column_stack(out[P + 1 :]) if self.density.latent else None
+        lat = np.column_stack(out[Q + 1 :]) if self.density.latent else None
         return float(out[0]), theta, lat
 
 
@@ -213,9 +221,11 @@ class GradientMatchingTarget:
             return "every term is finite (the total overflows); rescale the data or the parameters"
         reasons = []
         for name in bad:
-            if name in d.system.parameters:
-                reasons.append(f"parameter {name} = {q[list(d.system.parameters).index(name)]:.6g} is outside its "
-                               "prior's support; change init= or widen the prior")
+            if name in d.system.parameters or name in d.x0_priors.names:
+                what = "parameter" if name in d.system.parameters else "initial value"
+                j = list((*d.system.parameters, *d.x0_priors.names)).index(name)
+                reasons.append(f"{what} {name} = {q[j]:.6g} is outside its prior's support; change init= or widen "
+                               "the prior")
             elif name == "gradient_matching" and d.latent:
                 reasons.append("the latent-state solve fails there (or f is not finite); start elsewhere or check "
                                "the equations and x0")
