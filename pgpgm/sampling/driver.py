@@ -68,7 +68,6 @@ def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: i
     d = target.density
     N = d.obs.times.size
     P = d.system.n_parameters
-    obs = list(d.observed_idx)
     total = tune + draws
     state = init_state(target, theta0)
     params, tuning = scheme.start(target, state, tune, state_scale, param_scale)
