@@ -16,6 +16,7 @@ from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
 from .posterior import build_ode_model, laplace_posterior, sample_posterior
 from .gp.kernels import KERNELS
+from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
@@ -51,6 +52,8 @@ def fit(
     nuts_sampler: str = "pymc",
     cores: int | None = None,
     progressbar: bool = True,
+    noise: str | Mapping[str, str] | None = None,
+    transform: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -72,7 +75,10 @@ def fit(
     Parameters are those of :func:`pgpgm.gradient_matching_density` and :func:`pgpgm.sample`;
     ``solver`` (default :func:`pgpgm.default_solver`) does every ODE solve of the fit;
     ``scheme`` is the gradient-matching step's (``"block"`` or the paper's ``"elementwise"``);
-    ``refine_x0`` also refines the observed states' initial values (started at their
+    ``noise`` (``"normal"``, ``"lognormal"`` or a mapping observed state -> one of them) and
+    ``transform`` (mapping state -> ``"log"``) put states on the log scale: see :mod:`pgpgm.logscale`
+    (lognormal noise: every step on the log scale, noise sds on the log scale, ``noise_sd`` too;
+    ``"log"``: GP fit and gradient matching only). ``refine_x0`` also refines the observed states' initial values (started at their
     posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
@@ -107,6 +113,12 @@ def fit(
         raise DataError(f"unknown kernel {kernel!r}; built-in kernels are {sorted(KERNELS)}")
     check_gamma(gamma)
     obs = as_observations(data, observed, system)
+    scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform)  # None: no state on the log scale
+    if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
+        system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
+                                 scales.likelihood.x0)
+    # the problem of the GP fit and gradient matching (steps 1-2): the data as given, or on the log scale
+    gm = scales.matching if scales is not None else Problem(system, data, obs, x0, noise_sd)
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
@@ -116,24 +128,29 @@ def fit(
         if tt.shape != (system.n_parameters,) or not np.all(np.isfinite(tt)):
             raise DataError(f"true_theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
                             f"got {true_theta!r}")
-    gps = fit_gps(obs, kernel, noise_sd=noise_sd, seed=seed)
+    gps = fit_gps(gm.obs, kernel, noise_sd=gm.noise_sd, seed=seed)
     timings["gp"] = time.perf_counter() - t0
     integrator = Integrator(system, obs.times, solver)
-    density = gradient_matching_density(system, data, obs.states, x0=x0, kernel=kernel, gamma=gamma, priors=priors,
-                                        noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed)
+    gm_integrator = integrator if gm.system is system else Integrator(gm.system, obs.times, integrator.solver)
+    density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=kernel, gamma=gamma,
+                                        priors=priors, noise_sd=gm.noise_sd, gp_fits=gps, solver=gm_integrator,
+                                        seed=seed)
     t1 = time.perf_counter()
     # step 2 in this process (cores=1): worker processes would each compile the model again
     tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
                   progressbar=progressbar)
     timings["sampling"] = time.perf_counter() - t1
-    n_sampling = integrator.n_solves
+    n_sampling = gm_integrator.n_solves
     post = tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
-    x0_full = np.array(density.initial_state([float(post[s].isel(time=0).mean()) for s in obs.states]))
+    x0_full = np.array(density.initial_state([float(post[s].isel(time=0).mean()) for s in density.obs.states]))
+    noise_start = density.noise_sd  # the GP's noise sds: the refinement's start and step 4's prior centre
+    if scales is not None and gm is not scales.likelihood:
+        x0_full, noise_start = scales.matching_to_likelihood(x0_full, noise_start)
 
     t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
-    problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
+    problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, noise_start, x0_full,
                                   free_x0=density.observed_idx if refine_x0 else ())
     # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
     starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
@@ -158,7 +175,7 @@ def fit(
     t3 = time.perf_counter()
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
-                                        noise_center=density.noise_sd, solver=integrator.solver,
+                                        noise_center=noise_start, solver=integrator.solver,
                                         dense_times=dense.times)
         center, sd = _refined_point(layout, ref, obs)
         names = {**{p: p for p in layout.parameters},
@@ -216,7 +233,8 @@ def fit(
                 "observed": list(obs.states)},
     )
     solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
-    return FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    result = FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    return result if scales is None else scales.back(result)  # on the original scale
 
 
 def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict[str, float]]:
