@@ -204,9 +204,8 @@ class LogScale:
             y = data["y"].transpose(..., "observed")
             for s, col in zip(names, np.moveaxis(np.asarray(y.values, float), -1, 0)):
                 self._check_positive(s, col)
-            out = data.copy()
-            out["y"] = y.copy(data=self.to_log(y.values, names)).assign_coords(observed=[self.name(s) for s in names])
-            out = out.drop_vars([v for v in out.data_vars if v not in ("y",)])
+            new_y = y.copy(data=self.to_log(y.values, names)).assign_coords(observed=[self.name(s) for s in names])
+            out = xr.Dataset({"y": new_y}, attrs=dict(data.attrs))
             if "x0" in data.attrs:
                 out.attrs["x0"] = self.x0_to_log(np.atleast_1d(data.attrs["x0"])).tolist()
             return out, obs_t
