@@ -256,7 +256,8 @@ def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
     Every row is checked, and an error names the CSV line: a time or value that is empty,
     ``nan``, infinite or not a number, a state the model does not have (``states``), two
     different values for one (time, state) (both lines are named; identical repeats are
-    kept once), and a state without a value at some of the times (gaps; the times are named).
+    kept once). Each state may have its own times: a state's values are NaN at the times
+    of the union where it is not measured (at least 3 per state are checked by the fit).
 
     Raises
     ------
@@ -316,13 +317,7 @@ def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
     times = np.array(sorted({t for t, _ in seen}))
     data = {"time": times}
     for state in dict.fromkeys(s for _, s in seen):
-        have = {t for t, s in seen if s == state}
-        gaps = [t for t in times if t not in have]
-        if gaps:
-            shown = [float(t) for t in gaps[:5]] + (["..."] if len(gaps) > 5 else [])
-            raise UsageError(f"{path}: state {state} has no value at time(s) {shown} ({len(gaps)} of {times.size} "
-                             "times); every observed state needs a value at every time")
-        data[state] = np.array([seen[(t, state)][1] for t in times])
+        data[state] = np.array([seen[(t, state)][1] if (t, state) in seen else np.nan for t in times])
     return data
 
 
@@ -358,6 +353,7 @@ def _fit(a) -> int:
     if not a.data.is_file():
         raise UsageError(f"--data {a.data}: no such file")
     data = read_tidy_csv(a.data, states)
+    pgpgm.data.as_observations(data, a.observe, spec.system)  # >= 3 points per state etc., before the fit
     if not x0 and np.isfinite(case.x0).any():
         x0 = {s: v for s, v in zip(states, case.x0) if np.isfinite(v)}
     priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)

@@ -126,14 +126,95 @@ def check_times(times, *, min_points: int = 2, name: str = "times") -> np.ndarra
 
 @dataclass(frozen=True)
 class Observations:
-    """Measured series on one time grid.
+    """Measured series on one time grid, with missing values.
 
-    times : (N,); values : (N, M); states : the M observed state names.
+    Attributes
+    ----------
+    times : (N,) the grid (time units): the union of the observation times of the observed
+        states, or a user grid that contains them
+    values : (N, M) the measurements (state units), NaN where a state is not measured
+    states : the M observed state names
+    mask : (N, M) bool, True where ``values`` holds a measurement (default: where it is finite)
+
+    Every observed state has at least 3 measurements (checked by :func:`as_observations`).
     """
 
     times: np.ndarray
     values: np.ndarray
     states: tuple[str, ...]
+    mask: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.mask is None:
+            object.__setattr__(self, "mask", np.isfinite(self.values))
+
+    @property
+    def complete(self) -> bool:
+        """Whether every state is measured at every grid time (no missing value)."""
+        return bool(self.mask.all())
+
+    @property
+    def n_obs(self) -> np.ndarray:
+        """(M,) number of measurements of each observed state."""
+        return self.mask.sum(axis=0)
+
+    def rows(self, state: int | str) -> np.ndarray:
+        """Grid rows (K,) where state ``state`` (index m or name) is measured."""
+        m = self.states.index(state) if isinstance(state, str) else state
+        return np.flatnonzero(self.mask[:, m])
+
+    def state_times(self, state: int | str) -> np.ndarray:
+        """(K,) observation times of one observed state."""
+        return self.times[self.rows(state)]
+
+    def state_values(self, state: int | str) -> np.ndarray:
+        """(K,) measurements of one observed state, at :meth:`state_times`."""
+        m = self.states.index(state) if isinstance(state, str) else state
+        return self.values[self.rows(m), m]
+
+    def filled(self, fill: float = 0.0) -> np.ndarray:
+        """(N, M) ``values`` with ``fill`` where not measured."""
+        return np.where(self.mask, self.values, fill)
+
+
+_LONG = ("time", "state", "value")
+
+
+def _long_to_wide(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A tidy long table (columns time, state, value; one row per measurement) as
+    ``{"time": union of times, state: values with NaN where not measured}``."""
+    extra = [c for c in table.columns if c not in _LONG]
+    if extra:
+        raise DataError(f"a long table has the columns time, state, value only; it also has {extra}")
+    t = as_float_array(table["time"], "the 'time' column")
+    bad = ~np.isfinite(t)
+    if bad.any():
+        raise DataError(f"the 'time' column contains NaN or inf (rows {_rows(bad)}); remove those rows")
+    v = as_float_array(table["value"].to_numpy(dtype=object), "the 'value' column") \
+        if table["value"].dtype == object else as_float_array(table["value"], "the 'value' column")
+    states = table["state"].to_numpy()
+    not_text = [x for x in states if not isinstance(x, str)]
+    if not_text:
+        raise DataError(f"the 'state' column must hold state names (text), got {not_text[:3]}")
+    keep = ~np.isnan(v)  # a NaN value is a measurement not taken
+    t, v, states = t[keep], v[keep], states[keep]
+    times = np.unique(t)
+    out: dict[str, np.ndarray] = {"time": times}
+    for s in dict.fromkeys(states.tolist()):
+        sel = states == s
+        ts = t[sel]
+        uniq, counts = np.unique(ts, return_counts=True)
+        if np.any(counts > 1):
+            raise DataError(f"state {s} has several values at time(s) {uniq[counts > 1][:_SHOW].tolist()}; give one "
+                            "value per time and state (e.g. their mean)")
+        col = np.full(times.size, np.nan)
+        col[np.searchsorted(times, ts)] = v[sel]
+        out[s] = col
+    return out
+
+
+def _is_long(data) -> bool:
+    return isinstance(data, pd.DataFrame) and {"state", "value"} <= set(map(str, data.columns))
 
 
 def _columns(data) -> tuple[object, dict[str, object]]:
@@ -147,6 +228,10 @@ def _columns(data) -> tuple[object, dict[str, object]]:
             raise DataError(f"the Dataset's 'y' must have dimensions (time, observed) with coordinates, got {y.dims}")
         y = y.transpose("time", "observed")
         return y["time"].values, {str(s): y.sel(observed=s).values for s in y["observed"].values.tolist()}
+    if _is_long(data):
+        if "time" not in data.columns:
+            raise DataError("the long table has no 'time' column; give columns time, state, value")
+        data = _long_to_wide(data)
     if isinstance(data, pd.DataFrame):
         if data.columns.has_duplicates:
             dup = data.columns[data.columns.duplicated()].tolist()
@@ -188,21 +273,31 @@ def _observed_names(observed, available: Sequence[str], system: ODESystem) -> tu
     return names
 
 
-def as_observations(data, observed: Sequence[str] | str | None, system: ODESystem) -> Observations:
+def as_observations(data, observed: Sequence[str] | str | None, system: ODESystem, *, grid=None) -> Observations:
     """Validate measurements and keep the states in ``observed``.
 
     Parameters
     ----------
-    data : an xarray Dataset from :func:`pgpgm.simulate` (variable ``y`` (time, observed)),
-        a pandas DataFrame with a ``time`` column and one column per state, or a dict of
-        arrays ``{"time": t, state: values, ...}``; every column 1-D of N real numbers
+    data : the measurements, in one of these forms:
+
+        - a tidy long pandas DataFrame with columns ``time, state, value`` (one row per
+          measurement; each state on its own times; a NaN value is a measurement not taken);
+        - a wide DataFrame or dict ``{"time": t, state: values, ...}`` (every column 1-D of N
+          real numbers; NaN where a state is not measured at that time);
+        - the xarray Dataset of :func:`pgpgm.simulate` (variable ``y`` (time, observed),
+          NaN where not measured).
     observed : the measured states (a name or a list; default every state in ``data``)
     system : the ODE system
+    grid : optional (G,) strictly increasing time grid of the density (e.g. denser than the
+        data); it must span every observation time. The result's grid is the union of
+        ``grid`` and the observation times (an observation within 1e-9 of the grid's span of a
+        grid point is put on that point). Default: the union of the observed states'
+        observation times.
 
     Returns
     -------
     Observations
-        times (N,) and values (N, M) as float64.
+        times (N,), values (N, M) with NaN where not measured, and the mask (N, M).
 
     Raises
     ------
@@ -211,7 +306,8 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
     DataError
         naming the state, column or row of any unusable input: missing states,
         text/booleans/datetimes/complex/object values, columns that are not 1-D, lengths
-        that differ from the times, NaN/inf, times not strictly increasing, fewer than 3 times.
+        that differ from the times, inf, times not strictly increasing, a state with fewer
+        than 3 measurements, a ``grid`` that does not cover the observations.
     """
     raw_t, columns = _columns(data)
     unknown = [k for k in columns if k not in system.states]
@@ -222,7 +318,7 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
     missing = [s for s in names if s not in columns]
     if missing:
         raise DataError(f"observed states {missing} have no data; data has {list(columns)}")
-    t = check_times(raw_t, min_points=3, name="the 'time' column")
+    t = check_times(raw_t, min_points=1, name="the 'time' column")
     cols = []
     for s in names:
         what = f"values of observed state {s}"
@@ -231,13 +327,42 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
             raise DataError(f"{what} must be 1-D (one value per time), got shape {v.shape}; give each state its own "
                             "column of N values")
         if v.size != t.size:
-            raise DataError(f"{what} have {v.size} rows but there are {t.size} times; give one value per time")
-        bad = ~np.isfinite(v)
+            raise DataError(f"{what} have {v.size} rows but there are {t.size} times; give one value per time "
+                            "(NaN where the state is not measured), or a long table time, state, value")
+        bad = np.isinf(v)
         if bad.any():
-            raise DataError(f"{what} contain NaN or inf at rows {_rows(bad)} (t = {t[bad][:_SHOW].tolist()}); "
-                            "remove those times or fill the values")
+            raise DataError(f"{what} contain inf at rows {_rows(bad)} (t = {t[bad][:_SHOW].tolist()}); "
+                            "remove those values or mark them as not measured (NaN)")
+        n = int(np.isfinite(v).sum())
+        if n < 3:
+            raise DataError(f"observed state {s} has {n} measurement(s); each observed state needs at least 3 "
+                            "(measure it more often, or leave it out of observed)")
         cols.append(v)
-    return Observations(t, np.column_stack(cols), names)
+    values = np.column_stack(cols)
+    measured = np.isfinite(values).any(axis=1)  # times where no observed state is measured are dropped
+    t, values = t[measured], values[measured]
+    if grid is not None:
+        g = check_times(grid, min_points=3, name="grid")
+        span = float(g[-1] - g[0])
+        outside = (t < g[0] - 1e-9 * span) | (t > g[-1] + 1e-9 * span)
+        if outside.any():
+            m = np.isfinite(values[outside]).any(axis=0)
+            who = [s for s, hit in zip(names, m) if hit]
+            raise DataError(f"grid [{g[0]:g}, {g[-1]:g}] does not cover the observations of {who} at t = "
+                            f"{t[outside][:_SHOW].tolist()}; extend the grid to span every observation time")
+        pos = np.clip(np.searchsorted(g, t), 1, g.size - 1)
+        near = np.where(np.abs(g[pos - 1] - t) <= np.abs(g[pos] - t), pos - 1, pos)
+        t_on = np.where(np.abs(g[near] - t) <= 1e-9 * span, g[near], t)
+        if np.unique(t_on).size < t_on.size:
+            raise DataError("two observation times fall on one grid point (within 1e-9 of the grid's span); "
+                            "give a grid without points that close to the observations, or merge those times")
+        full = np.union1d(g, t_on)
+        out = np.full((full.size, len(names)), np.nan)
+        out[np.searchsorted(full, t_on)] = values
+        t, values = full, out
+    if t.size < 3:
+        raise DataError(f"the time grid has {t.size} points; at least 3 are needed")
+    return Observations(t, values, names, np.isfinite(values))
 
 
 def initial_values(system: ODESystem, data, x0, observed_idx: Sequence[int]) -> np.ndarray:

@@ -78,7 +78,8 @@ class GradientMatchingDensity:
     ----------
     system : the ODE system; obs : the data (times (N,), values (N, M))
     terms : one :class:`StateTerm` per observed state, in ``obs.states`` order
-    gamma : gradient-matching mismatch variance (state-derivative units^2)
+    gamma : gradient-matching mismatch variance (state-derivative units^2); a mapping
+        observed state -> gamma when given per state
     priors : the parameter priors
     x0 : (S,) initial values; entries of observed states are NaN (they come from x_M)
     integrator : the latent-state solve on ``obs.times`` (None without latent states)
@@ -87,7 +88,7 @@ class GradientMatchingDensity:
     system: ODESystem
     obs: Observations
     terms: tuple[StateTerm, ...]
-    gamma: float
+    gamma: float | Mapping[str, float]
     priors: Priors
     x0: np.ndarray
     integrator: Integrator | None
@@ -111,8 +112,10 @@ class GradientMatchingDensity:
         return np.array([k.noise_sd for k in self.terms])
 
     @property
-    def kernel(self) -> str:
-        return self.terms[0].gp.kernel.name
+    def kernel(self) -> str | dict[str, str]:
+        """The GP kernel's name, or a mapping state -> name when the states' kernels differ."""
+        names = {k.name: k.gp.kernel.name for k in self.terms}
+        return next(iter(names.values())) if len(set(names.values())) == 1 else names
 
     def initial_state(self, first_values: Sequence) -> list:
         """The initial values of the solve: an observed state starts at its value at
@@ -122,9 +125,13 @@ class GradientMatchingDensity:
         return [by_index[i] if i in by_index else float(self.x0[i]) for i in range(self.system.n_states)]
 
     def gp_posterior_means(self) -> np.ndarray:
-        """GP-smoothed observed states (N, M), the sampler's starting values."""
-        t = self.obs.times
-        return np.column_stack([k.gp.posterior_mean(t, self.obs.values[:, m]) for m, k in enumerate(self.terms)])
+        """GP-smoothed observed states (N, M) on the grid, the sampler's starting values (each
+        state's GP conditioned on its own measurements)."""
+        t, obs = self.obs.times, self.obs
+        if obs.complete:
+            return np.column_stack([k.gp.posterior_mean(t, obs.values[:, m]) for m, k in enumerate(self.terms)])
+        return np.column_stack([k.gp.posterior_mean(obs.state_times(m), obs.state_values(m), t)
+                                for m, k in enumerate(self.terms)])
 
     def initial_point(self, theta) -> dict[str, np.ndarray]:
         """A start for any PyMC sampler: theta (P,) and the GP-smoothed observed states
@@ -150,8 +157,10 @@ class GradientMatchingDensity:
         """The density as a ``pm.Model``.
 
         Free variables: every parameter (scalar) and every observed state (vector over
-        ``time``). Deterministics: the latent states. Log-density terms: Potentials
-        ``gp_prior`` and ``gradient_matching``, observed Normals ``y_<state>``.
+        ``time``, the grid). Deterministics: the latent states. Log-density terms: Potentials
+        ``gp_prior`` and ``gradient_matching``, observed Normals ``y_<state>`` (over
+        ``time``, or over ``time_<state>``, the state's own observation times, when some
+        values are missing).
         """
         system, t = self.system, self.obs.times
         coords = {"time": t, "parameter": list(system.parameters)}
@@ -169,7 +178,14 @@ class GradientMatchingDensity:
                 g = k.matching
                 dx = xs[k.name] - g.mean
                 gp_terms.append(-0.5 * pt.dot(dx, pt.dot(pt.constant(g.C_precision), dx)))
-                pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=k.noise_sd, observed=self.obs.values[:, m], dims="time")
+                if self.obs.complete:
+                    pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=k.noise_sd, observed=self.obs.values[:, m],
+                              dims="time")
+                else:  # the observation term only where the state is measured
+                    rows = self.obs.rows(m)
+                    model.add_coord(f"time_{k.name}", t[rows])
+                    pm.Normal(f"y_{k.name}", mu=xs[k.name][rows], sigma=k.noise_sd, observed=self.obs.values[rows, m],
+                              dims=f"time_{k.name}")
                 r = f[k.index] - pt.dot(pt.constant(g.D), dx)
                 gm_terms.append(-0.5 * pt.dot(r, pt.dot(pt.constant(k.grad_precision), r)))
             pm.Potential("gp_prior", pt.sum(pt.stack(gp_terms)))
@@ -181,11 +197,30 @@ class GradientMatchingDensity:
 
 
 def fit_gps(obs: Observations, kernel="rbf", *, noise_sd=None, n_starts: int = 5, seed: int = 0) -> tuple[GPFit, ...]:
-    """Step 1: one GP per observed state of ``obs`` (noise sd fitted unless given, scalar or (M,))."""
+    """Step 1: one GP per observed state of ``obs``, each fitted to its own measurements
+    (noise sd fitted unless given, scalar or (M,)); ``kernel`` one name/Kernel or a mapping
+    state -> kernel."""
     M = len(obs.states)
     nsd = [None] * M if noise_sd is None else noise_levels(noise_sd, M)
-    return tuple(fit_gp(obs.times, obs.values[:, m], kernel, state=s, noise_sd=nsd[m], n_starts=n_starts, seed=seed + m)
+    kernels = per_state(kernel, obs.states, "kernel")
+    return tuple(fit_gp(obs.state_times(m), obs.state_values(m), kernels[m], state=s, noise_sd=nsd[m],
+                        n_starts=n_starts, seed=seed + m)
                  for m, s in enumerate(obs.states))
+
+
+def per_state(value, states: Sequence[str], name: str) -> list:
+    """``value`` for each of ``states``: one value for all, or a mapping state -> value (every
+    state given). Raises DataError naming unknown or missing states."""
+    if not isinstance(value, Mapping):
+        return [value] * len(states)
+    unknown = [k for k in value if k not in states]
+    if unknown:
+        raise DataError(f"{name} given for {unknown}, which are not observed states {list(states)}")
+    missing = [s for s in states if s not in value]
+    if missing:
+        raise DataError(f"{name} is a mapping but has no entry for the observed state(s) {missing}; give one per "
+                        "observed state")
+    return [value[s] for s in states]
 
 
 def gradient_matching_density(
@@ -202,18 +237,22 @@ def gradient_matching_density(
     solver: Solver | Integrator | None = None,
     gp_starts: int = 5,
     seed: int = 0,
+    grid=None,
 ) -> GradientMatchingDensity:
     """Describe the gradient-matching density (step 2 of the method, see the README) for ``system`` and ``data`` (fits the GPs unless given).
 
     Parameters
     ----------
     system : ODESystem
-    data : Dataset from :func:`pgpgm.simulate`, DataFrame or dict (see :func:`pgpgm.data.as_observations`)
+    data : Dataset from :func:`pgpgm.simulate`, a tidy long DataFrame (time, state, value), a wide
+        DataFrame or dict with NaN where not measured (see :func:`pgpgm.data.as_observations`);
+        each observed state may have its own times (at least 3 each)
     observed : names of the measured states (default: every state present in ``data``)
     x0 : initial values of the latent states (mapping by name, or a full (S,) vector whose
         observed entries are ignored); taken from ``data.attrs["x0"]`` when omitted
-    kernel : GP kernel name or :class:`~pgpgm.gp.kernels.Kernel`
-    gamma : gradient-matching mismatch variance (state-derivative units^2)
+    kernel : GP kernel name or :class:`~pgpgm.gp.kernels.Kernel`, or a mapping observed state -> kernel
+    gamma : gradient-matching mismatch variance (state-derivative units^2), or a mapping
+        observed state -> gamma
     priors : per-parameter ``(lower, upper)`` for a Uniform prior, or a callable
         ``name -> PyMC variable``; one spec for all parameters or a mapping by name.
         Default :data:`pgpgm.priors.DEFAULT_BOUNDS`.
@@ -222,9 +261,16 @@ def gradient_matching_density(
     gp_fits : reuse GP fits (one per observed state) instead of fitting
     solver : the ODE solver of the latent states (or an Integrator on the data's times)
     gp_starts, seed : optimiser starts and seed of the GP fit
+    grid : (G,) time grid of the density (default: the union of the observation times); it
+        must span the observations, which are added to it (:func:`pgpgm.data.as_observations`).
+        Each observed state's GP is fitted to its own measurements and evaluated on the grid;
+        the observed states are free at every grid point, the observation term only where
+        a state is measured.
     """
-    obs = as_observations(data, observed, system)
-    gamma = check_gamma(gamma)
+    obs = as_observations(data, observed, system, grid=grid)
+    gammas = [check_gamma(g) for g in per_state(gamma, obs.states, "gamma")]
+    if isinstance(kernel, Mapping):
+        per_state(kernel, obs.states, "kernel")
     obs_idx = tuple(system.index_of_states(obs.states))
     lat_idx = tuple(i for i in range(system.n_states) if i not in obs_idx)
     x0_full = initial_values(system, data, x0, obs_idx)
@@ -239,13 +285,14 @@ def gradient_matching_density(
     terms = []
     for m, (s, g) in enumerate(zip(obs.states, gp_fits)):
         gm = gradient_matching(g, obs.times)
-        terms.append(StateTerm(s, obs_idx[m], g, gm, float(nsd[m]), gm.gradient_precision(gamma)))
+        terms.append(StateTerm(s, obs_idx[m], g, gm, float(nsd[m]), gm.gradient_precision(gammas[m])))
     integrator = None
     if lat_idx:
         integrator = solver if isinstance(solver, Integrator) else Integrator(system, obs.times, solver)
         if integrator.system is not system or not np.array_equal(integrator.times, obs.times):
             raise DataError("the integrator given as solver must integrate this system on the data's times")
-    return GradientMatchingDensity(system, obs, tuple(terms), float(gamma), prior, x0_full, integrator)
+    gamma_value = dict(zip(obs.states, gammas)) if isinstance(gamma, Mapping) else float(gammas[0])
+    return GradientMatchingDensity(system, obs, tuple(terms), gamma_value, prior, x0_full, integrator)
 
 
 def build_model(system: ODESystem, data, observed: Sequence[str] | None = None, **kwargs) -> pm.Model:

@@ -70,6 +70,13 @@ class Scales:
     matching: Problem
     original: Problem
 
+    def matching_keys(self, value):
+        """A per-state setting (mapping state -> value) keyed by the matching problem's state
+        names (``log_<state>``); anything else unchanged."""
+        if not isinstance(value, Mapping):
+            return value
+        return {self.matching_scale.name(k) if isinstance(k, str) else k: v for k, v in value.items()}
+
     def matching_to_likelihood(self, x0, noise_sd) -> tuple[np.ndarray, np.ndarray]:
         """The sampling step's initial values (S,) and noise sds (M,) on the likelihood's scale.
 
@@ -138,7 +145,7 @@ def _per_state(value, what: str, allowed: Sequence[str], states: Sequence[str], 
     return {s: value.get(s, default) for s in states}
 
 
-def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transform) -> Scales | None:
+def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transform, *, grid=None) -> Scales | None:
     """Validate ``noise`` and ``transform`` of :func:`pgpgm.fit` and build the problems on the log scale.
 
     Parameters
@@ -146,7 +153,7 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     noise : None, ``"normal"``/``"lognormal"`` for every observed state, or a mapping
         observed state -> one of them (default ``"normal"``)
     transform : None or a mapping state (observed or latent) -> ``"log"`` or ``"none"``
-    (the other arguments as given to :func:`pgpgm.fit`)
+    (the other arguments, ``grid`` included, as given to :func:`pgpgm.fit`)
 
     Returns
     -------
@@ -159,7 +166,7 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     """
     if noise is None and transform is None:
         return None
-    obs = as_observations(data, observed, system)
+    obs = as_observations(data, observed, system, grid=grid)
     noise = _per_state(noise, "noise", NOISE_MODELS, obs.states, "normal")
     trans = _per_state(transform, "transform", TRANSFORMS, system.states, "none")
     lognormal = tuple(s for s in obs.states if noise[s] == "lognormal")
@@ -169,11 +176,11 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     original = Problem(system, data, obs, x0, noise_sd)
     lik = LogScale(system, lognormal)
     match = lik if set(logs) == set(lognormal) else LogScale(system, logs)
-    likelihood = _problem(lik, original)
+    likelihood = _problem(lik, original, grid)
     if match is lik:
         matching = likelihood
     else:
-        matching = _problem(match, original)
+        matching = _problem(match, original, grid)
         if noise_sd is not None:  # state units for the "normal" states only on the log scale here: sd / median|y|
             sd = np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)).copy()
             for m, s in enumerate(obs.states):
@@ -183,9 +190,9 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     return Scales(noise, lik, match, likelihood, matching, original)
 
 
-def _problem(scale: LogScale, original: Problem) -> Problem:
+def _problem(scale: LogScale, original: Problem, grid) -> Problem:
     if not scale.states:
         return original
     data, observed = scale.data_to_log(original.data, list(original.obs.states))
     x0 = scale.x0_to_log(original.x0)
-    return Problem(scale.system, data, as_observations(data, observed, scale.system), x0, original.noise_sd)
+    return Problem(scale.system, data, as_observations(data, observed, scale.system, grid=grid), x0, original.noise_sd)

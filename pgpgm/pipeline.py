@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
-from .density import fit_gps, gradient_matching_density
+from .density import fit_gps, gradient_matching_density, per_state
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
@@ -54,6 +54,7 @@ def fit(
     progressbar: bool = True,
     noise: str | Mapping[str, str] | None = None,
     transform: Mapping[str, str] | None = None,
+    grid=None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -83,6 +84,14 @@ def fit(
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
 
+    Data: each observed state may have its own times and missing values (a tidy long
+    DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
+    at least 3 measurements per state). Each state's GP is fitted to its own measurements;
+    the density, the refinement's solve and the posterior live on one grid, the union of the
+    observation times or ``grid`` (e.g. denser; it must span the data); the observation
+    terms (sampling, refinement residuals, posterior likelihood) count measured values only.
+    ``kernel`` and ``gamma`` may be mappings observed state -> value.
+
     Raises
     ------
     DataError
@@ -109,16 +118,22 @@ def fit(
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if cores is not None:
         cores = check_count(cores, "cores", minimum=1)
-    if isinstance(kernel, str) and kernel not in KERNELS:
-        raise DataError(f"unknown kernel {kernel!r}; built-in kernels are {sorted(KERNELS)}")
-    check_gamma(gamma)
-    obs = as_observations(data, observed, system)
-    scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform)  # None: no state on the log scale
+    for k in (kernel.values() if isinstance(kernel, Mapping) else [kernel]):
+        if isinstance(k, str) and k not in KERNELS:
+            raise DataError(f"unknown kernel {k!r}; built-in kernels are {sorted(KERNELS)}")
+    obs = as_observations(data, observed, system, grid=grid)
+    for name, value in (("gamma", gamma), ("kernel", kernel)):
+        for v in per_state(value, obs.states, name):
+            if name == "gamma":
+                check_gamma(v)
+    scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
     if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
         system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
                                  scales.likelihood.x0)
     # the problem of the GP fit and gradient matching (steps 1-2): the data as given, or on the log scale
     gm = scales.matching if scales is not None else Problem(system, data, obs, x0, noise_sd)
+    if scales is not None:  # per-state kernels and gammas by the matching problem's state names
+        kernel, gamma = scales.matching_keys(kernel), scales.matching_keys(gamma)
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
@@ -134,7 +149,7 @@ def fit(
     gm_integrator = integrator if gm.system is system else Integrator(gm.system, obs.times, integrator.solver)
     density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=kernel, gamma=gamma,
                                         priors=priors, noise_sd=gm.noise_sd, gp_fits=gps, solver=gm_integrator,
-                                        seed=seed)
+                                        seed=seed, grid=grid)
     t1 = time.perf_counter()
     # step 2 in this process (cores=1): worker processes would each compile the model again
     tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
@@ -249,8 +264,8 @@ def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict
         s = se.get(key, np.nan)
         center[name] = float(v)
         sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
-    for name, sig in zip(layout.noise, ref.noise_sd):
-        center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * obs.times.size)
+    for name, sig, n in zip(layout.noise, ref.noise_sd, obs.n_obs):
+        center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * n)
     return center, sd
 
 

@@ -48,7 +48,9 @@ def plot_states(result: FitResult, *, figsize_per_state=(4.0, 3.0)):
             kind = "posterior" if gm is not main else "sampled"
             ax.fill_between(b[0], b[1], b[2], color=_COLORS[kind], alpha=0.3, label=f"{kind} 94 %")
         if s in traj["observed"].values:
-            ax.plot(t, traj["y"].sel(observed=s), "o", ms=3.5, color="tab:red", label="observations")
+            y = traj["y"].sel(observed=s).values
+            seen = np.isfinite(y)  # markers only where the state is measured
+            ax.plot(t[seen], y[seen], "o", ms=3.5, color="tab:red", label="observations")
             ax.set_title(f"{s} (observed)")
         else:
             ax.set_title(f"{s} (latent)")

@@ -100,7 +100,8 @@ def build_ode_model(
     -------
     (pm.Model, ODEModelLayout)
         Free: the parameters, ``<state>_0`` per observed state, ``sigma_<state>``;
-        deterministics: every state on ``time_dense``; observed: ``y_<state>`` (time).
+        deterministics: every state on ``time_dense``; observed: ``y_<state>`` (time; or
+        ``time_<state>``, the state's own measurement times, when values are missing).
         A failed solve is a -inf log density (a rejected proposal / divergence).
     """
     from .data import as_observations, initial_values
@@ -128,8 +129,9 @@ def build_ode_model(
         theta = prior.variables()
         first = {}
         for m, s in enumerate(obs.states):
-            spread = float(np.std(Y[:, m])) or float(abs(Y[0, m])) or 1.0
-            first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=float(Y[0, m]), sigma=spread)
+            ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
+            spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
+            first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=float(ym[0]), sigma=spread)
         x0_vec = pt.stack([first[i] if i in first else pt.constant(float(x0[i])) for i in range(system.n_states)])
         traj = ODEOp(integrator, on_failure="nan")(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
@@ -142,7 +144,13 @@ def build_ode_model(
                 sigma = pm.LogNormal(noise_name(s), mu=float(np.log(center[m])), sigma=NOISE_PRIOR_LOG_SD)
             else:
                 sigma = float(noise_sd[m])
-            pm.Normal(f"y_{s}", mu=safe[rows_obs, obs_idx[m]], sigma=sigma, observed=Y[:, m], dims="time")
+            if obs.complete:
+                pm.Normal(f"y_{s}", mu=safe[rows_obs, obs_idx[m]], sigma=sigma, observed=Y[:, m], dims="time")
+            else:  # the likelihood only where state s is measured
+                rows = obs.rows(m)
+                model.add_coord(f"time_{s}", t[rows])
+                pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=Y[rows, m],
+                          dims=f"time_{s}")
     layout = ODEModelLayout(tuple(system.parameters), tuple(initial_value_name(s) for s in obs.states),
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)

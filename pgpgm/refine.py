@@ -102,8 +102,9 @@ class LeastSquaresProblem:
 
     Parameters
     ----------
-    integrator : Integrator, the system solved at the observation times (N,)
-    y : (N, M) observations of the states ``observed_idx`` (state units); (N,) when M = 1
+    integrator : Integrator, the system solved at the observation times (N,) (the grid)
+    y : (N, M) observations of the states ``observed_idx`` (state units), NaN where a state
+        is not measured (residuals only where measured); (N,) when M = 1
     observed_idx : the M distinct state indices that ``y`` measures
     noise_sd : (M,) or scalar, observation noise sds (state units): the residual scales,
         and the starting values when :func:`refine` estimates them
@@ -136,8 +137,10 @@ class LeastSquaresProblem:
             y = y[:, None]
         if y.shape != (N, M):
             raise DataError(f"y must have shape (N, M) = ({N}, {M}) (times x observed states), got {y.shape}")
-        if not np.all(np.isfinite(y)):
-            raise DataError("y contains NaN or inf: give a finite value for every time and observed state")
+        if np.any(np.isinf(y)):
+            raise DataError("y contains inf: give finite values (NaN where a state is not measured)")
+        if np.any(np.isfinite(y).sum(axis=0) == 0):
+            raise DataError("y has an observed state without any measurement (a column of NaN)")
         sd = np.asarray(self.noise_sd, dtype=float)
         if sd.ndim > 1 or sd.size not in (1, M):
             raise DataError(f"noise_sd must be a scalar or have one value per observed state ({M}), got {sd.shape}")
@@ -171,9 +174,14 @@ class LeastSquaresProblem:
         return tuple(system.parameters) + tuple(f"x0[{system.states[j]}]" for j in self.free_x0)
 
     @property
+    def mask(self) -> np.ndarray:
+        """(N, M) bool, True where ``y`` holds a measurement."""
+        return np.isfinite(self.y)
+
+    @property
     def n_obs(self) -> np.ndarray:
         """Number of observations N_k of each observed state (M,)."""
-        return np.full(len(self.observed_idx), self.y.shape[0])
+        return self.mask.sum(axis=0)
 
     def split(self, q) -> tuple[np.ndarray, np.ndarray]:
         """(theta (P,), full x0 (S,)) from the unknowns q (Q,)."""
@@ -189,28 +197,34 @@ class LeastSquaresProblem:
 
     # ------------------------------------------------------------------ residuals
     def raw_residuals(self, q) -> np.ndarray:
-        """Unscaled residuals x_M - y (N, M) at q; raises :class:`ODESolveError` if the solve fails."""
+        """Unscaled residuals x_M - y (N, M) at q (NaN where not measured); raises
+        :class:`ODESolveError` if the solve fails."""
         x = self.integrator.solve(*self.split(q))
         return x[:, list(self.observed_idx)] - self.y
 
     def rss(self, q) -> np.ndarray:
         """Residual sum of squares of each observed state (M,) at q (state units squared)."""
         r = self.raw_residuals(q)
+        if self.n_obs.sum() < self.y.size:
+            r = np.where(self.mask, r, 0.0)
         return np.einsum("nk,nk->k", r, r)
 
     def residuals(self, q) -> np.ndarray:
-        """Scaled residuals (x_M - y) / noise_sd, flattened (N*M,), at q.
+        """Scaled residuals (x_M - y) / noise_sd where measured, row by row (K,) (K = N*M
+        without missing values), at q.
 
         A failed solve gives a constant vector of 1e6 (keeps the optimiser away).
         """
+        K = int(self.n_obs.sum())
         try:
             r = self.raw_residuals(q)
         except ODESolveError:
-            return np.full(self.y.size, _FAILED)
-        return (r / self.noise_sd).ravel()
+            return np.full(K, _FAILED)
+        r = r / self.noise_sd
+        return r.ravel() if K == self.y.size else r[self.mask]
 
     def jacobian(self, q, *, strict: bool = False) -> np.ndarray:
-        """d residuals / d q, shape (N*M, Q), from forward sensitivities.
+        """d residuals / d q, shape (K, Q) (rows of :meth:`residuals`), from forward sensitivities.
 
         A failed sensitivity solve raises :class:`ODESolveError` if ``strict``, and gives
         zeros otherwise (what the optimiser is given).
@@ -220,9 +234,10 @@ class LeastSquaresProblem:
         except ODESolveError:
             if strict:
                 raise
-            return np.zeros((self.y.size, np.size(q)))
+            return np.zeros((int(self.n_obs.sum()), np.size(q)))
         d = np.concatenate([dth, dx0[:, :, list(self.free_x0)]], axis=2)
-        return (d[:, list(self.observed_idx), :] / self.noise_sd[None, :, None]).reshape(self.y.size, -1)
+        d = d[:, list(self.observed_idx), :] / self.noise_sd[None, :, None]
+        return d.reshape(self.y.size, -1) if self.n_obs.sum() == self.y.size else d[self.mask]
 
     def cost(self, q) -> float:
         """1/2 sum of squared scaled residuals at q = (theta, free initial values)."""

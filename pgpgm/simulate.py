@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import xarray as xr
@@ -25,6 +25,7 @@ def simulate(
     snr: float | None = None,
     seed: int | np.random.Generator | None = None,
     solver: Solver | None = None,
+    missing: float = 0.0,
 ) -> xr.Dataset:
     """Integrate the system and add Gaussian noise to the observed states.
 
@@ -32,20 +33,26 @@ def simulate(
     ----------
     system : ODESystem
     theta : array (P,)
-    x0 : array (S,), the state at ``times[0]``
-    times : array (N,), strictly increasing
+    x0 : array (S,), the state at the first time
+    times : array (N,), strictly increasing: every observed state measured at every time; or
+        a mapping ``{state: times}`` giving each observed state its own observation times
+        (the Dataset's ``time`` is then their union, with NaN in ``y`` where a state is not
+        measured; states not in the mapping are measured at every time of the union)
     observed : names of the measured states (default: all)
     noise_sd : noise standard deviation, scalar or one per observed state (state units)
     snr : signal-to-noise ratio instead of ``noise_sd``: per observed state the noise
         variance is mean(signal^2) / snr
     seed : seed or Generator for the noise
     solver : the ODE solver (default :func:`pgpgm.default_solver`)
+    missing : fraction in [0, 1) of each observed state's measurements dropped at random
+        (set to NaN in ``y``; round(missing * K) of its K values, drawn with ``seed`` after the
+        noise, so the kept values equal those of ``missing=0``)
 
     Returns
     -------
     xarray.Dataset
         ``truth`` (time, state): the noise-free trajectories; ``y`` (time, observed):
-        the observations; ``noise_sd`` (observed). Attributes record theta, x0,
+        the observations (NaN where not measured); ``noise_sd`` (observed). Attributes record theta, x0,
         the system and the seed.
     """
     # input checks, before any solve
@@ -62,7 +69,17 @@ def simulate(
     x0_ = as_float_array(x0, "x0")
     if x0_.shape != (system.n_states,) or not np.all(np.isfinite(x0_)):
         raise DataError(f"x0 must be {system.n_states} finite numbers {list(system.states)}, got shape {x0_.shape}")
+    per_state = None
+    if isinstance(times, Mapping):
+        unknown = [k for k in times if k not in observed]
+        if unknown:
+            raise DataError(f"times given for {unknown}, which are not observed states {observed}")
+        per_state = {k: check_times(v, name=f"times of {k}") for k, v in times.items()}
+        times = np.unique(np.concatenate(list(per_state.values())))
     times = check_times(times)
+    miss = as_float_array(missing, "missing")
+    if miss.ndim != 0 or not (0 <= miss < 1):
+        raise DataError(f"missing must be a fraction in [0, 1), got {missing!r}")
     if snr is not None:
         snr = as_float_array(snr, "snr")
         if snr.ndim != 0 or not (np.isfinite(snr) and snr > 0):
@@ -89,6 +106,14 @@ def simulate(
             raise DataError(f"noise_sd must be finite and non-negative, got {noise_sd}")
     rng = np.random.default_rng(seed)
     y = signal + rng.normal(size=signal.shape) * sd
+    if per_state is not None:
+        for m, s in enumerate(observed):
+            if s in per_state:
+                y[~np.isin(times, per_state[s]), m] = np.nan
+    if miss > 0:
+        for m in range(len(idx)):
+            have = np.flatnonzero(np.isfinite(y[:, m]))
+            y[rng.choice(have, int(round(float(miss) * have.size)), replace=False), m] = np.nan
     return xr.Dataset(
         {
             "truth": (("time", "state"), truth),
@@ -103,5 +128,6 @@ def simulate(
             "x0": np.asarray(x0, float).tolist(),
             "seed": seed if isinstance(seed, int) else -1,
             "snr": -1.0 if snr is None else float(snr),
+            "missing": float(miss),
         },
     )

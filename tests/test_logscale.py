@@ -188,7 +188,9 @@ def test_non_positive_values_on_the_log_scale_name_the_state_and_rows(kwargs):
     y = np.ones(6)
     y[[2, 4]] = [0.0, -1.0]
     for data in ({"time": np.arange(6.0), "x1": np.ones(6), "x2": y},
-                 pd.DataFrame({"time": np.arange(6.0), "x1": np.ones(6), "x2": y})):
+                 pd.DataFrame({"time": np.arange(6.0), "x1": np.ones(6), "x2": y}),
+                 pd.DataFrame({"time": np.repeat(np.arange(6.0), 2), "state": ["x1", "x2"] * 6,
+                               "value": np.column_stack([np.ones(6), y]).ravel()})):
         with pytest.raises(DataError, match=r"x2 has values <= 0 at rows \[.*\]"):
             pgpgm.fit(LV, data, **kwargs)
     with pytest.raises(DataError, match=r"rows \[2, 4\]"):

@@ -10,7 +10,7 @@ which is Gaussian in x_M once f is linearised in the observed states about a poi
 X_bar: f_k(x) ~ f_k(X_bar) + sum_l J_kl (x_l - X_bar_l), with J_kl the diagonal (over
 time) matrix of df_k/dx_l. The precision is
 
-    Lambda = blockdiag(C_k^-1 + I / sigma_k^2) + sum_k G_k^T P_k G_k,
+    Lambda = blockdiag(C_k^-1 + W_k) + sum_k G_k^T P_k G_k,   W_k = diag(1/sigma_k^2 where measured, else 0)
     G_k = [J_k1, ..., J_kM] - (D_k in block k),
 
 and the mean solves Lambda m = b. When f is linear in the observed states given the
@@ -89,7 +89,7 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     lam = np.zeros((M, N, M, N))
     b = a.lin.copy()
     for m in range(M):
-        lam[m, :, m, :] += a.Cinv[m] + np.diag(np.full(N, a.inv_var[m]))
+        lam[m, :, m, :] += a.Cinv[m] + np.diag(a.obs_precision[m])
     xbar = Xbar[:, obs]
     for m in range(M):  # the gradient-matching term of state m
         am = F[:, obs[m]] - np.sum(j[:, m, :] * xbar, axis=1) + a.Dmu[m]

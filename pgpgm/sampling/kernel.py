@@ -100,7 +100,7 @@ def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.nd
     F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
     accepted = np.zeros((N, M))
     delta = _sweep(d.system.compiled.rhs, d.obs.times, X, state.theta, a.obs_idx, move_states,
-                   1 if d.latent else 0, d.obs.values, a.inv_var, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
+                   1 if d.latent else 0, a.Y, a.obs_precision, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
                    w, r, z, F, state_scale, rng.standard_normal((N, M)), np.log(rng.uniform(size=(N, M))),
                    accepted)
     return replace(state, X=X, stats=SweepStatistics(F, w, r, z), logp=state.logp + delta), accepted
@@ -143,11 +143,12 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
 
 
 @numba.njit(cache=False)
-def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P, PDt, dtpd, w, r, z, F,
+def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, obs_precision, Cinv, Dt, P, PDt, dtpd, w, r, z, F,
            scales, normals, log_u, accepted):
     """One pass of single-element proposals over every observed state value.
 
-    Arrays: X (N,S) states (updated in place); Y (N,M); Cinv, Dt (= D^T), P, PDt
+    Arrays: X (N,S) states (updated in place); Y (N,M) data (zero where not measured);
+    obs_precision (M,N) 1/sigma^2 where measured, 0 where not; Cinv, Dt (= D^T), P, PDt
     (= (P D)^T) are (M,N,N); dtpd (M,N) = diag(D^T P D); w, r, z (M,N) maintained
     vectors; F (N,S) f at every time; active (M,) which states to update. Returns the
     total change of the log density; ``accepted`` (N,M) counts acceptances.
@@ -166,7 +167,7 @@ def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, inv_var, Cinv, Dt, P, 
             xi = X[i, k]
             xn = xi + delta
             d = -0.5 * (2.0 * delta * w[m, i] + delta * delta * Cinv[m, i, i])
-            d += -0.5 * inv_var[m] * ((Y[i, m] - xn) ** 2 - (Y[i, m] - xi) ** 2)
+            d += -0.5 * obs_precision[m, i] * ((Y[i, m] - xn) ** 2 - (Y[i, m] - xi) ** 2)
             for s in range(S):
                 row[s] = X[i, s]
             row[k] = xn

@@ -31,10 +31,12 @@ class SweepArrays:
     Cinv, Dt (= D^T), P (= (A + gamma I)^-1), PDt (= (P D)^T) : (M, N, N);
     D : (M, N, N); dtpd : (M, N) diag(D^T P D); inv_var : (M,) 1/sigma^2; mu : (M,);
     obs_idx : (M,) state indices. For the block scheme's conditional Gaussian
-    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data;
+    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data
+    (zero where not measured);
     lin : (M, N) C^-1 mu 1 + y / sigma^2 (the linear term of the GP prior and likelihood);
     Dmu : (M, N) D mu 1; gp_mean : (N, M) GP posterior means of the observed states;
-    lat_idx : (L,) latent state indices.
+    lat_idx : (L,) latent state indices. obs_precision : (M, N) the observation term's
+    precision of each value: 1/sigma_m^2 where state m is measured at time i, 0 where not.
     """
 
     Cinv: np.ndarray
@@ -52,6 +54,7 @@ class SweepArrays:
     Dmu: np.ndarray
     gp_mean: np.ndarray
     lat_idx: np.ndarray
+    obs_precision: np.ndarray
 
     @classmethod
     def from_density(cls, d: GradientMatchingDensity) -> SweepArrays:
@@ -62,15 +65,16 @@ class SweepArrays:
         Dt = np.ascontiguousarray(D.transpose(0, 2, 1))
         inv_var = 1.0 / d.noise_sd**2
         mu = np.array([k.matching.mean for k in d.terms])
-        Y = d.obs.values
+        Y = d.obs.filled(0.0)
+        W = np.ascontiguousarray(np.where(d.obs.mask.T, inv_var[:, None], 0.0))  # zero where not measured
         return cls(Cinv, D, Dt, P, np.ascontiguousarray(PD.transpose(0, 2, 1)), np.einsum("mji,mji->mi", D, PD),
                    inv_var, mu, np.array(d.observed_idx, dtype=np.int64), Dt @ PD,
-                   Y, mu[:, None] * Cinv.sum(axis=2) + inv_var[:, None] * Y.T, mu[:, None] * D.sum(axis=2),
-                   d.gp_posterior_means(), np.array(d.latent_idx, dtype=np.int64))
+                   Y, mu[:, None] * Cinv.sum(axis=2) + W * Y.T, mu[:, None] * D.sum(axis=2),
+                   d.gp_posterior_means(), np.array(d.latent_idx, dtype=np.int64), W)
 
     def conditional_sd(self) -> np.ndarray:
         """(N, M) sd of each state value given all others (the sweep's default proposal scale / 1.5)."""
-        prec = np.diagonal(self.Cinv, axis1=1, axis2=2) + self.inv_var[:, None] + self.dtpd
+        prec = np.diagonal(self.Cinv, axis1=1, axis2=2) + self.obs_precision + self.dtpd
         return (1.0 / np.sqrt(prec)).T.copy()
 
 
@@ -128,8 +132,9 @@ class GradientMatchingTarget:
     @cached_property
     def log_normaliser(self) -> float:
         """The constant the model's log density carries beyond :meth:`state_part`'s
-        quadratic forms: the Normal likelihood's -N/2 log(2 pi sigma^2) per observed state."""
-        N = self.density.obs.times.size
+        quadratic forms: the Normal likelihood's -N_k/2 log(2 pi sigma_k^2) per observed state
+        (N_k its number of measurements)."""
+        N = self.density.obs.n_obs
         return float(np.sum(-0.5 * N * np.log(2 * np.pi) - N * np.log(self.density.noise_sd)))
 
     def parameter_part(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
@@ -157,7 +162,7 @@ class GradientMatchingTarget:
         at states X (N, S), in O(N M)."""
         a = self.arrays
         xm = X[:, a.obs_idx].T  # (M, N)
-        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.inv_var[:, None] * (a.Y.T - xm) ** 2)
+        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.obs_precision * (a.Y.T - xm) ** 2)
         q += np.sum(stats.r * stats.z)
         return -0.5 * float(q) + self.log_normaliser
 
