@@ -32,3 +32,8 @@ class IdentifiabilityWarning(UserWarning):
 
 class ConvergenceWarning(UserWarning):
     """A posterior failed a convergence check (R-hat > 1.01, ESS < 400 or divergences)."""
+
+
+class BoundWarning(UserWarning):
+    """An estimate sits on a bound of its Uniform prior (the refined value, or a large part of the
+    posterior): the prior probably cuts off the best fit; widen it."""

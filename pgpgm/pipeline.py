@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import xarray as xr
@@ -55,6 +56,7 @@ def fit(
     noise: str | Mapping[str, str] | None = None,
     transform: Mapping[str, str] | None = None,
     grid=None,
+    fixed: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -91,6 +93,12 @@ def fit(
     observation times or ``grid`` (e.g. denser; it must span the data); the observation
     terms (sampling, refinement residuals, posterior likelihood) count measured values only.
     ``kernel`` and ``gamma`` may be mappings observed state -> value.
+
+    ``fixed={"t6": 0.3}`` holds parameters at known values: they are substituted into the
+    equations (:meth:`pgpgm.ODESystem.fix`) and take no part in sampling, refinement and the
+    posterior; the result keeps every parameter (``estimates["fixed"]`` marks them, with
+    standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
+    values given for fixed parameters are ignored.
 
     Raises
     ------
@@ -137,12 +145,23 @@ def fit(
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
-    Priors.from_user(system.parameters, priors)
     if true_theta is not None:
         tt = as_float_array(true_theta, "true_theta")
         if tt.shape != (system.n_parameters,) or not np.all(np.isfinite(tt)):
             raise DataError(f"true_theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
                             f"got {true_theta!r}")
+    full, fixed = system, dict(fixed or {})
+    if fixed:  # fixed parameters become numbers in the equations: the fit runs on the others
+        system = full.fix(fixed)
+        gm = replace(gm, system=system if gm.system is full else gm.system.fix(fixed))
+        fixed = {k: float(v) for k, v in fixed.items()}
+        if isinstance(priors, Mapping):
+            priors = {k: v for k, v in priors.items() if k not in fixed}
+        if not isinstance(init, str):
+            values = as_float_array(init, "init")
+            if values.shape == (full.n_parameters,):
+                init = values[[full.parameters.index(p) for p in system.parameters]]
+    Priors.from_user(system.parameters, priors)
     gps = fit_gps(gm.obs, kernel, noise_sd=gm.noise_sd, seed=seed)
     timings["gp"] = time.perf_counter() - t0
     integrator = Integrator(system, obs.times, solver)
@@ -215,15 +234,25 @@ def fit(
     estimates = [("sampled", theta_s), ("refined", ref.theta)]
     if posterior is not None:
         estimates.append(("posterior", np.array([float(main.posterior[p].mean()) for p in system.parameters])))
+    free = [full.parameters.index(p) for p in system.parameters]
+
+    def every(values, fill=None):  # free-parameter values (P_free,) to all parameters (P,)
+        out = np.array([fixed.get(p, np.nan) if fill is None else fill for p in full.parameters], float)
+        out[free] = values
+        return out
+
+    cov = np.zeros((full.n_parameters, full.n_parameters))
+    cov[np.ix_(free, free)] = ref.covariance
     est = xr.Dataset(
-        {"theta": (("estimate", "parameter"), np.vstack([v for _, v in estimates])),
-         "stderr": (("parameter",), ref.stderr),
-         "covariance": (("parameter", "parameter_"), ref.covariance),
+        {"theta": (("estimate", "parameter"), np.vstack([every(v) for _, v in estimates])),
+         "stderr": (("parameter",), every(ref.stderr, 0.0)),
+         "covariance": (("parameter", "parameter_"), cov),
+         "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
          "x0": (("state",), ref.x0),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
-        coords={"estimate": [k for k, _ in estimates], "parameter": list(system.parameters),
+        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
                 "state": list(system.states),
-                "parameter_": list(system.parameters)},
+                "parameter_": list(full.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
                "refinement_success": int(ref.success), "refinement_message": ref.message},
@@ -237,7 +266,8 @@ def fit(
         est["truth"] = ("parameter", true_theta)
         x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
                    else x0_full)
-        rows.append(_safe_solve(dense, true_theta, x0_true))
+        truth_solve = Integrator(full, dense.times, integrator.solver) if fixed else dense
+        rows.append(_safe_solve(truth_solve, true_theta, x0_true))
         labels.append("truth")
     traj = xr.Dataset(
         {"x": (("estimate", "time_dense", "state"), np.stack(rows)),
@@ -248,7 +278,7 @@ def fit(
                 "observed": list(obs.states)},
     )
     solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
-    result = FitResult(system, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    result = FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
     return result if scales is None else scales.back(result)  # on the original scale
 
 

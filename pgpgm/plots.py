@@ -77,7 +77,8 @@ def plot_parameters(result: FitResult):
     for kind, post, dx in groups:
         if post is None:
             continue
-        vp = ax.violinplot([post[p].values.ravel() / scale[j] for j, p in enumerate(params)], positions=x + dx,
+        drawn = [j for j, p in enumerate(params) if p in post]  # a fixed parameter (fit(fixed=...)) has no draws
+        vp = ax.violinplot([post[params[j]].values.ravel() / scale[j] for j in drawn], positions=x[drawn] + dx,
                            widths=0.35, showextrema=False)
         for b in vp["bodies"]:
             b.set_facecolor(_COLORS[kind])

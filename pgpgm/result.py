@@ -62,10 +62,22 @@ class FitResult:
         """The refined initial value of every state, by name."""
         return dict(zip(self.system.states, map(float, self.estimates["x0"].values)))
 
+    @property
+    def fixed(self) -> dict[str, float]:
+        """The parameters held fixed (``fit(fixed=...)``) and their values."""
+        e = self.estimates
+        if "fixed" not in e:
+            return {}
+        ref = e["theta"].sel(estimate="refined").values
+        return {p: float(v) for p, v, f in zip(self.system.parameters, ref, e["fixed"].values) if f}
+
     def parameter_table(self) -> pd.DataFrame:
         """Per parameter: true (if known), sampled (gradient-matching mean), refined with its
-        standard error, and with step 4 the posterior mean, sd, 94 % interval and R-hat."""
+        standard error, and with step 4 the posterior mean, sd, 94 % interval and R-hat. A
+        parameter held fixed shows its value in every estimate column, standard error and
+        posterior sd 0, and ``fixed`` True (the column is there when some parameter is fixed)."""
         e = self.estimates
+        fixed = self.fixed
         params = list(self.system.parameters)
         table = pd.DataFrame({
             "sampled": e["theta"].sel(estimate="sampled").values,
@@ -76,12 +88,16 @@ class FitResult:
             table.insert(0, "true", e["truth"].values)
         if "posterior" in e["estimate"].values:
             post = self.posterior.posterior
-            table["posterior_mean"] = [float(post[p].mean()) for p in params]
-            table["posterior_sd"] = [float(post[p].std()) for p in params]
-            table["hdi_3%"] = [float(post[p].quantile(0.03)) for p in params]
-            table["hdi_97%"] = [float(post[p].quantile(0.97)) for p in params]
+            stat = lambda p, f: fixed[p] if p in fixed else float(f(post[p]))  # noqa: E731
+            table["posterior_mean"] = [stat(p, lambda v: v.mean()) for p in params]
+            table["posterior_sd"] = [0.0 if p in fixed else float(post[p].std()) for p in params]
+            table["hdi_3%"] = [stat(p, lambda v: v.quantile(0.03)) for p in params]
+            table["hdi_97%"] = [stat(p, lambda v: v.quantile(0.97)) for p in params]
             if self.diagnostics is not None and "posterior" in self.diagnostics["sampler"].values:
-                table["r_hat"] = self.diagnostics["rhat"].sel(sampler="posterior", variable=params).values
+                rhat = self.diagnostics["rhat"].sel(sampler="posterior")
+                table["r_hat"] = [np.nan if p in fixed else float(rhat.sel(variable=p)) for p in params]
+        if fixed:
+            table["fixed"] = [p in fixed for p in params]
         return table
 
     def summary(self, **kwargs) -> pd.DataFrame:

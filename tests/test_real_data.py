@@ -235,3 +235,61 @@ def test_fit_with_missing_values_saves_loads_and_plots(lv, tmp_path):
     fig = back.plot_states()
     markers = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
     assert len(markers) == 1 and markers[0].get_xdata().size == obs.n_obs[0]
+
+
+# ---------------------------------------------------------------- fixed parameters, per-state settings
+def test_fix_substitutes_the_value(lv):
+    sub = lv.system.fix({"theta3": 4.0})
+    assert sub.parameters == ("theta1", "theta2", "theta4") and sub.states == lv.system.states
+    x = np.array([1.3, 0.7])
+    np.testing.assert_array_equal(sub.rhs(0.0, x, np.array([2.0, 1.0, 1.0])), lv.system.rhs(0.0, x, THETA))
+    assert pgpgm.ODESystem.from_dict(sub.to_dict()).expressions == sub.expressions
+    with pytest.raises(DataError, match=r"fixed names \['theta9'\], which are not parameters"):
+        lv.system.fix({"theta9": 1.0})
+    with pytest.raises(DataError, match=r"fixed\[theta1\] must be one finite number"):
+        lv.system.fix({"theta1": np.inf})
+
+
+def test_fit_with_a_fixed_parameter(lv):
+    ds = _async(lv, missing=0.0)
+    with pytest.raises(DataError, match=r"fixed names \['t6'\]"):
+        pgpgm.fit(lv.system, ds, fixed={"t6": 0.3}, progressbar=False)
+    r = pgpgm.fit(lv.system, ds, ["x1", "x2"], noise_sd=0.1, priors={"theta3": (0, 1), "theta1": (0, 10)},
+                  fixed={"theta3": 4.0}, draws=150, tune=150, posterior="laplace", posterior_draws=100,
+                  posterior_chains=1, progressbar=False)
+    assert r.fixed == {"theta3": 4.0}
+    table = r.parameter_table()
+    assert list(table.index) == list(lv.system.parameters)
+    row = table.loc["theta3"]
+    assert row["fixed"] and row["refined"] == 4.0 and row["sampled"] == 4.0 and row["refined_stderr"] == 0.0
+    assert "theta3" not in r.gradient_matching.posterior and "theta3" not in r.posterior.posterior
+    assert table["fixed"].sum() == 1
+    # the refined point is a local optimum of the reduced problem, by an independent solver
+    obs = as_observations(ds, None, lv.system)
+    t = obs.times
+
+    def residuals(q):
+        th = [q[0], q[1], 4.0, q[2]]
+        sol = solve_ivp(lambda _, y: [th[0] * y[0] - th[1] * y[0] * y[1], -th[2] * y[1] + th[3] * y[0] * y[1]],
+                        (t[0], t[-1]), q[3:], t_eval=t, method="DOP853", rtol=1e-10, atol=1e-10)
+        return ((sol.y.T - obs.filled(0.0)) / 0.1)[obs.mask]
+
+    q = np.r_[r.theta[[0, 1, 3]], r.estimates["x0"].values]
+    local = optimize.least_squares(residuals, q, x_scale="jac")
+    assert r.estimates.attrs["refinement_cost"] <= local.cost * (1 + 1e-6)
+    np.testing.assert_allclose(r.theta[[0, 1, 3]], local.x[:3], rtol=1e-4)
+
+
+def test_per_state_kernel_and_gamma(lv):
+    ds = _async(lv, missing=0.0)
+    d = pgpgm.gradient_matching_density(lv.system, ds, ["x1", "x2"], kernel={"x1": "rbf", "x2": "matern52"},
+                                        gamma={"x1": 0.3, "x2": 0.05})
+    assert [k.gp.kernel.name for k in d.terms] == ["rbf", "matern52"]
+    for k, g in zip(d.terms, (0.3, 0.05)):
+        A = k.matching.A
+        np.testing.assert_allclose(k.grad_precision @ (A + g * np.eye(A.shape[0])), np.eye(A.shape[0]), atol=1e-6)
+    assert d.gamma == {"x1": 0.3, "x2": 0.05} and d.kernel == {"x1": "rbf", "x2": "matern52"}
+    with pytest.raises(DataError, match=r"gamma is a mapping but has no entry for the observed state\(s\) \['x2'\]"):
+        pgpgm.gradient_matching_density(lv.system, ds, ["x1", "x2"], gamma={"x1": 0.3})
+    with pytest.raises(DataError, match=r"kernel given for \['x3'\]"):
+        pgpgm.fit(lv.system, ds, ["x1", "x2"], kernel={"x1": "rbf", "x2": "rbf", "x3": "rbf"}, progressbar=False)

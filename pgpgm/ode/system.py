@@ -256,6 +256,36 @@ class ODESystem:
             raise ModelDefinitionError(f"state names repeated in {list(names)}")
         return [self.states.index(n) for n in names]
 
+    def fix(self, values: Mapping[str, float]) -> ODESystem:
+        """The system with some parameters replaced by numbers (they are no longer parameters).
+
+        Parameters
+        ----------
+        values : ``{parameter: value}``; each value a finite real number, substituted as an
+            exact 64-bit float
+
+        Raises
+        ------
+        DataError : for a name that is not a parameter, or a value that is not a finite number.
+        """
+        from ..data import as_float_array
+        from ..errors import DataError
+
+        if not isinstance(values, Mapping):
+            raise DataError(f"fixed must be a mapping {{parameter: value}}, got {type(values).__name__}")
+        unknown = [k for k in values if k not in self.parameters]
+        if unknown:
+            raise DataError(f"fixed names {unknown}, which are not parameters of {self.name} {list(self.parameters)}")
+        subs = {}
+        _, _, syms = self._symbols
+        for k, v in values.items():
+            x = as_float_array(v, f"fixed[{k}]")
+            if x.ndim != 0 or not np.isfinite(x):
+                raise DataError(f"fixed[{k}] must be one finite number, got {v!r}")
+            subs[syms[self.parameters.index(k)]] = sp.Float(float(x), precision=53)
+        exprs = tuple(e.xreplace(subs) for e in self.expressions)
+        return ODESystem(self.states, tuple(p for p in self.parameters if p not in values), exprs, self.name)
+
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
     def compiled(self):
