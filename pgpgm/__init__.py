@@ -8,7 +8,7 @@ The pipeline, in the order of the package layout: ``ode`` (model definition) ->
 from .batch import FitJob, fit_many, jobs_from_folder, jobs_from_tidy_csv, product_jobs
 from .data import Observations
 from .density import GradientMatchingDensity, build_model, gradient_matching_density
-from .errors import (BackendWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
+from .errors import (BackendWarning, BoundWarning, ConvergenceWarning, DataError, IdentifiabilityWarning, ModelDefinitionError,
                      ODESolveError, PgpgmError, ResultFileError)
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
@@ -31,6 +31,7 @@ __all__ = [
     "Block",
     "Elementwise",
     "BackendWarning",
+    "BoundWarning",
     "ConvergenceWarning",
     "IdentifiabilityWarning",
     "ResultFileError",

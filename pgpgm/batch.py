@@ -44,6 +44,7 @@ SUMMARY_FILE = "summary.csv"
 _FIT_OPTIONS = frozenset({
     "x0", "kernel", "gamma", "priors", "noise_sd", "draws", "tune", "chains", "seed", "init", "refine_x0",
     "true_theta", "solver", "posterior", "posterior_draws", "posterior_tune", "posterior_chains", "nuts_sampler",
+    "grid", "fixed",
 })
 
 

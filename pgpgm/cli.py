@@ -108,7 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--model", required=True, type=Path, help="TOML model file ([equations], parameters, ...)")
     f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value")
     f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
-    f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE", help="initial values of latent states")
+    f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE",
+                   help="initial values of latent states; STATE=LOW:HIGH for an unknown one (a uniform prior)")
+    f.add_argument("--fixed", nargs="+", default=[], metavar="PARAMETER=VALUE",
+                   help="parameters held at known values (not estimated)")
     f.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
     f.add_argument("--gamma", type=_real(), default=None, help="gradient-matching mismatch variance (default 0.3)")
     f.add_argument("--bounds", nargs=2, type=_finite, default=None, metavar=("LOWER", "UPPER"),
@@ -157,7 +160,8 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     diag = result.diagnostics.to_dataframe().round(4) if result.diagnostics is not None else None
     checks = [f"- {k}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
               for k, v in result.convergence_problems().items()]
-    lines = [f"# {title}", "", _table(table), "",
+    bounds = [f"- {m}" for m in result.at_bounds.values()]
+    lines = [f"# {title}", "", _table(table), "", *(["## At a prior bound", "", *bounds, ""] if bounds else []),
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
              "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]
     if diag is not None:
@@ -332,12 +336,29 @@ def _x0_arguments(items: list[str], states) -> dict[str, float]:
         if name in x0:
             raise UsageError(f"--x0 gives {name} twice")
         try:
-            x0[name] = float(value)
+            x0[name] = tuple(float(v) for v in value.split(":")) if ":" in value else float(value)
         except ValueError:
-            raise UsageError(f"--x0 {item!r}: {value!r} is not a number") from None
-        if not np.isfinite(x0[name]):
-            raise UsageError(f"--x0 {item!r}: the initial value must be finite")
+            raise UsageError(f"--x0 {item!r}: {value!r} is not a number (or LOW:HIGH)") from None
+        if not np.all(np.isfinite(x0[name])) or (isinstance(x0[name], tuple) and not (
+                len(x0[name]) == 2 and x0[name][0] < x0[name][1])):
+            raise UsageError(f"--x0 {item!r}: the initial value must be finite, or LOW:HIGH with LOW < HIGH")
     return x0
+
+
+def _fixed_arguments(items: list[str], parameters) -> dict[str, float]:
+    fixed = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or name not in parameters:
+            raise UsageError(f"--fixed {item!r}: expected PARAMETER=VALUE with a parameter of the model "
+                             f"{list(parameters)}")
+        try:
+            fixed[name] = float(value)
+        except ValueError:
+            raise UsageError(f"--fixed {item!r}: {value!r} is not a number") from None
+        if not np.isfinite(fixed[name]):
+            raise UsageError(f"--fixed {item!r}: the value must be finite")
+    return fixed
 
 
 def _fit(a) -> int:
@@ -348,6 +369,7 @@ def _fit(a) -> int:
     states = spec.system.states
     out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_fit")
     x0 = _x0_arguments(a.x0, states)
+    fixed = _fixed_arguments(a.fixed, spec.system.parameters)
     if a.bounds and not a.bounds[0] < a.bounds[1]:
         raise UsageError(f"--bounds {a.bounds[0]} {a.bounds[1]}: LOWER must be less than UPPER")
     if not a.data.is_file():
@@ -361,7 +383,7 @@ def _fit(a) -> int:
     result = _fit_or_fail(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
                           gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
                           tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
-                          progressbar=not a.no_progress, **_posterior_options(a))
+                          progressbar=not a.no_progress, fixed=fixed or None, **_posterior_options(a))
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
     return EXIT_OK
 

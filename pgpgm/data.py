@@ -365,32 +365,67 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
     return Observations(t, values, names, np.isfinite(values))
 
 
+def _is_prior(value) -> bool:
+    """Whether an x0 entry is a prior spec: ``(lower, upper)`` or a callable."""
+    return callable(value) or (isinstance(value, tuple | list) and len(value) == 2)
+
+
+def initial_value_priors(system: ODESystem, x0, observed_idx: Sequence[int]) -> dict[str, object]:
+    """The unknown initial values of ``x0``: ``{state: prior spec}`` for every entry given as
+    ``(lower, upper)`` (a Uniform prior) or a callable ``name -> PyMC variable``.
+
+    Raises
+    ------
+    DataError
+        for a prior on a name that is not a state, or on an observed state (its initial value
+        is estimated from its measurements already).
+    """
+    if not isinstance(x0, Mapping):
+        return {}
+    priors = {k: v for k, v in x0.items() if _is_prior(v)}
+    unknown = [k for k in priors if k not in system.states]
+    if unknown:
+        raise DataError(f"x0 gives a prior for {unknown}, which are not states of {system.name} {list(system.states)}")
+    observed = [k for k in priors if system.states.index(k) in set(observed_idx)]
+    if observed:
+        raise DataError(f"x0 gives a prior for the observed state(s) {observed}: an observed state's initial value is "
+                        "estimated from its measurements already; give priors for latent states only")
+    return priors
+
+
 def initial_values(system: ODESystem, data, x0, observed_idx: Sequence[int]) -> np.ndarray:
-    """(S,) initial values of the solve; entries of observed states are NaN.
+    """(S,) initial values of the solve; entries of observed states, and of latent states whose
+    initial value is unknown (given a prior, see :func:`initial_value_priors`), are NaN.
 
     Parameters
     ----------
-    x0 : mapping ``{state: value}`` (latent states at least), a full (S,) vector whose
-        observed entries are ignored, or None (then ``data.attrs["x0"]`` of a simulated Dataset)
+    x0 : mapping ``{state: value}`` (latent states at least; a value may be a prior
+        ``(lower, upper)`` or a callable for an unknown initial value), a full (S,) vector
+        whose observed entries are ignored, or None (then ``data.attrs["x0"]`` of a simulated
+        Dataset)
 
     Raises
     ------
     DataError
         for unknown state names, a vector of the wrong length, values that are not real
-        numbers, and a latent state without a finite initial value.
+        numbers, and a latent state without a finite initial value or a prior.
     """
     S = system.n_states
     x0_full = np.full(S, np.nan)
     if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
         x0 = list(np.atleast_1d(data.attrs["x0"]))
+    priors = initial_value_priors(system, x0, observed_idx)
     if isinstance(x0, Mapping):
         unknown = [k for k in x0 if k not in system.states]
         if unknown:
             raise DataError(f"x0 names unknown states {unknown}; the states are {list(system.states)}")
         for k, v in x0.items():
+            if k in priors:
+                continue
             value = as_float_array(v, f"x0[{k}]")
             if value.size != 1:
-                raise DataError(f"x0[{k}] must be one number, got shape {value.shape}")
+                raise DataError(f"x0[{k}] must be one number or a prior (lower, upper) or a callable, got shape "
+                                f"{value.shape}")
             x0_full[system.states.index(k)] = value.item()
     elif x0 is not None:
         v = as_float_array(x0, "x0")
@@ -400,10 +435,10 @@ def initial_values(system: ODESystem, data, x0, observed_idx: Sequence[int]) -> 
         x0_full[:] = v
     x0_full[list(observed_idx)] = np.nan
     latent = [i for i in range(S) if i not in set(observed_idx)]
-    missing = [system.states[i] for i in latent if not np.isfinite(x0_full[i])]
+    missing = [system.states[i] for i in latent if not np.isfinite(x0_full[i]) and system.states[i] not in priors]
     if missing:
         raise DataError(f"initial values of the latent states {missing} are required and must be finite "
-                        "(x0={state: value, ...})")
+                        "(x0={state: value, ...}), or give a prior when unknown (x0={state: (lower, upper)})")
     return x0_full
 
 

@@ -27,7 +27,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import xarray as xr
 
-from .data import Observations, as_observations, check_gamma, initial_values, noise_levels
+from .data import Observations, as_observations, check_gamma, initial_value_priors, initial_values, noise_levels
 from .errors import DataError
 from .gp import GPFit, GradientMatching, fit_gp, gradient_matching
 from .ode.system import ODESystem
@@ -81,8 +81,11 @@ class GradientMatchingDensity:
     gamma : gradient-matching mismatch variance (state-derivative units^2); a mapping
         observed state -> gamma when given per state
     priors : the parameter priors
-    x0 : (S,) initial values; entries of observed states are NaN (they come from x_M)
+    x0 : (S,) initial values; entries of observed states are NaN (they come from x_M), and
+        so are those of latent states with unknown initial values
     integrator : the latent-state solve on ``obs.times`` (None without latent states)
+    x0_priors : priors of the unknown latent initial values, named ``<state>_0`` (empty
+        when every latent initial value is known, the fast path)
     """
 
     system: ODESystem
@@ -92,6 +95,7 @@ class GradientMatchingDensity:
     priors: Priors
     x0: np.ndarray
     integrator: Integrator | None
+    x0_priors: Priors = Priors((), ())
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -117,11 +121,18 @@ class GradientMatchingDensity:
         names = {k.name: k.gp.kernel.name for k in self.terms}
         return next(iter(names.values())) if len(set(names.values())) == 1 else names
 
-    def initial_state(self, first_values: Sequence) -> list:
+    @property
+    def unknown_x0_idx(self) -> tuple[int, ...]:
+        """State indices (U,) of the latent states whose initial value is unknown (sampled)."""
+        return tuple(self.system.states.index(n[:-2]) for n in self.x0_priors.names)
+
+    def initial_state(self, first_values: Sequence, unknown: Sequence = ()) -> list:
         """The initial values of the solve: an observed state starts at its value at
         ``times[0]`` (``first_values``, M entries, numbers or tensors), a latent state at
-        ``x0``. Returns S entries, to stack with numpy or PyTensor."""
+        ``x0`` or, when unknown, at its entry of ``unknown`` (U entries, in
+        :attr:`unknown_x0_idx` order). Returns S entries, to stack with numpy or PyTensor."""
         by_index = dict(zip(self.observed_idx, first_values))
+        by_index.update(zip(self.unknown_x0_idx, unknown))
         return [by_index[i] if i in by_index else float(self.x0[i]) for i in range(self.system.n_states)]
 
     def gp_posterior_means(self) -> np.ndarray:
@@ -156,8 +167,8 @@ class GradientMatchingDensity:
     def model(self) -> pm.Model:
         """The density as a ``pm.Model``.
 
-        Free variables: every parameter (scalar) and every observed state (vector over
-        ``time``, the grid). Deterministics: the latent states. Log-density terms: Potentials
+        Free variables: every parameter (scalar), every unknown latent initial value
+        ``<state>_0`` (scalar) and every observed state (vector over ``time``, the grid). Deterministics: the latent states. Log-density terms: Potentials
         ``gp_prior`` and ``gradient_matching``, observed Normals ``y_<state>`` (over
         ``time``, or over ``time_<state>``, the state's own observation times, when some
         values are missing).
@@ -166,9 +177,11 @@ class GradientMatchingDensity:
         coords = {"time": t, "parameter": list(system.parameters)}
         with pm.Model(coords=coords) as model:
             theta = self.priors.variables()
+            unknown = self.x0_priors.variables()  # unknown latent initial values <state>_0
             xs = {s: pm.Flat(s, dims="time") for s in self.obs.states}
             if self.latent:
-                x0 = pt.stack(self.initial_state([xs[s][0] for s in self.obs.states]))
+                x0 = pt.stack(self.initial_state([xs[s][0] for s in self.obs.states],
+                                                 [unknown[j] for j in range(len(self.x0_priors.names))]))
                 traj = ODEOp(self.integrator, on_failure="nan")(theta, x0)
                 for j, s in zip(self.latent_idx, self.latent):
                     xs[s] = pm.Deterministic(s, traj[:, j], dims="time")
@@ -249,7 +262,11 @@ def gradient_matching_density(
         each observed state may have its own times (at least 3 each)
     observed : names of the measured states (default: every state present in ``data``)
     x0 : initial values of the latent states (mapping by name, or a full (S,) vector whose
-        observed entries are ignored); taken from ``data.attrs["x0"]`` when omitted
+        observed entries are ignored); taken from ``data.attrs["x0"]`` when omitted. An
+        unknown latent initial value is given a prior instead of a number:
+        ``x0={"H": (0, 50)}`` (Uniform) or ``x0={"H": lambda name: pm.HalfNormal(name, 10)}``;
+        it becomes the free variable ``H_0``, sampled with the parameters (each move
+        re-integrates). Known values keep the fast path.
     kernel : GP kernel name or :class:`~pgpgm.gp.kernels.Kernel`, or a mapping observed state -> kernel
     gamma : gradient-matching mismatch variance (state-derivative units^2), or a mapping
         observed state -> gamma
@@ -274,6 +291,13 @@ def gradient_matching_density(
     obs_idx = tuple(system.index_of_states(obs.states))
     lat_idx = tuple(i for i in range(system.n_states) if i not in obs_idx)
     x0_full = initial_values(system, data, x0, obs_idx)
+    x0_priors = initial_value_priors(system, x0, obs_idx)
+    unknown = [s for s in system.states if s in x0_priors]  # state order
+    clash = [f"{s}_0" for s in unknown if f"{s}_0" in system.parameters]
+    if clash:
+        raise DataError(f"the unknown initial values would be named {clash}, which are parameter names; rename the "
+                        "parameters")
+    x0_prior = Priors.from_user([f"{s}_0" for s in unknown], {f"{s}_0": x0_priors[s] for s in unknown})
     prior = Priors.from_user(system.parameters, priors)
     M = len(obs.states)
     if gp_fits is None:
@@ -292,7 +316,7 @@ def gradient_matching_density(
         if integrator.system is not system or not np.array_equal(integrator.times, obs.times):
             raise DataError("the integrator given as solver must integrate this system on the data's times")
     gamma_value = dict(zip(obs.states, gammas)) if isinstance(gamma, Mapping) else float(gammas[0])
-    return GradientMatchingDensity(system, obs, tuple(terms), gamma_value, prior, x0_full, integrator)
+    return GradientMatchingDensity(system, obs, tuple(terms), gamma_value, prior, x0_full, integrator, x0_prior)
 
 
 def build_model(system: ODESystem, data, observed: Sequence[str] | None = None, **kwargs) -> pm.Model:

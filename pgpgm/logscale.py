@@ -109,7 +109,11 @@ class Scales:
         attrs = {"noise": json.dumps(dict(self.noise)), "log_scale_matching": ", ".join(self.matching_scale.states),
                  "log_scale_likelihood": ", ".join(scale.states)}
         est = result.estimates.copy()
-        est["x0"] = ("state", scale.to_original(est["x0"].values))
+        x0 = scale.to_original(est["x0"].values)
+        if "x0_stderr" in est:  # delta method: se(x) = x se(log x) for a state on the log scale
+            est["x0_stderr"] = ("state", np.where(np.isin(np.arange(x0.size), scale.index),
+                                                  x0 * est["x0_stderr"].values, est["x0_stderr"].values))
+        est["x0"] = ("state", x0)
         est = est.assign_coords(state=list(system.states))
         est["nll_per_start"] = est["nll_per_start"] + jac
         est.attrs = {**est.attrs, "refinement_nll": est.attrs["refinement_nll"] + jac, **attrs}

@@ -12,6 +12,7 @@ import xarray as xr
 
 from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
 from .density import fit_gps, gradient_matching_density, per_state
+from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
@@ -100,6 +101,18 @@ def fit(
     standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
     values given for fixed parameters are ignored.
 
+    Unknown initial values: ``x0={"H": (0, 50)}`` (a Uniform prior) or ``x0={"H": callable}``
+    for a latent state makes ``H_0`` a free variable: sampled with the parameters in step 2,
+    refined by least squares with a standard error (``estimates["x0_stderr"]``; the Jacobian
+    from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
+    initial value of every state. Known initial values keep the fast path.
+
+    A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
+    its draws within 1 % of the box width of a bound, gives a
+    :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
+    widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
+    ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
+
     Raises
     ------
     DataError
@@ -177,18 +190,30 @@ def fit(
     n_sampling = gm_integrator.n_solves
     post = tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
-    x0_full = np.array(density.initial_state([float(post[s].isel(time=0).mean()) for s in density.obs.states]))
+    unknown = [system.states[i] for i in density.unknown_x0_idx]  # latent states with unknown initial values
     noise_start = density.noise_sd  # the GP's noise sds: the refinement's start and step 4's prior centre
-    if scales is not None and gm is not scales.likelihood:
-        x0_full, noise_start = scales.matching_to_likelihood(x0_full, noise_start)
+    on_log_for_matching = scales is not None and gm is not scales.likelihood
+
+    def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
+        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
+        x = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]))
+        return scales.matching_to_likelihood(x, noise_start)[0] if on_log_for_matching else x
+
+    x0_full = start_x0({})
+    if on_log_for_matching:
+        noise_start = scales.matching_to_likelihood(x0_full, noise_start)[1]
 
     t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
+    free_x0 = (density.observed_idx if refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
     problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, noise_start, x0_full,
-                                  free_x0=density.observed_idx if refine_x0 else ())
+                                  free_x0=free_x0)
     # multi-start: from the pooled posterior mean and from every chain's mean; keep the best
-    starts = [theta_s] + ([np.array([float(post[p].sel(chain=c).mean()) for p in system.parameters])
-                           for c in post.chain.values] if post.sizes["chain"] > 1 else [])
+    starts = [np.concatenate([theta_s, x0_full[list(free_x0)]])] + (
+        [np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
+                         np.where(np.isin(np.arange(system.n_states), density.unknown_x0_idx),
+                                  start_x0({"chain": c}), x0_full)[list(free_x0)]])
+         for c in post.chain.values] if post.sizes["chain"] > 1 else [])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
     usable = [r for r in refinements if np.isfinite(r.nll)]
@@ -210,10 +235,11 @@ def fit(
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=noise_start, solver=integrator.solver,
-                                        dense_times=dense.times)
-        center, sd = _refined_point(layout, ref, obs)
+                                        dense_times=dense.times,
+                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)))
+        center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
         names = {**{p: p for p in layout.parameters},
-                 **{f"x0[{s}]": n for s, n in zip(obs.states, layout.initial)}}
+                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *unknown), layout.initial)}}
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
@@ -228,6 +254,10 @@ def fit(
     label = "posterior" if posterior == "nuts" else "gradient_matching"
     if posterior != "laplace":
         warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else "gradient-matching")
+
+    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior}
+    at_bounds = bound_report(density.priors, ref.theta, draws)
+    warn_at_bounds(at_bounds)
 
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
@@ -248,14 +278,19 @@ def fit(
          "stderr": (("parameter",), every(ref.stderr, 0.0)),
          "covariance": (("parameter", "parameter_"), cov),
          "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
+         "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
+                                       for p in full.parameters]),
          "x0": (("state",), ref.x0),
+         "x0_stderr": (("state",), _x0_stderr(ref, system.states)),
+         "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
         coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
                 "state": list(system.states),
                 "parameter_": list(full.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
-               "refinement_success": int(ref.success), "refinement_message": ref.message},
+               "refinement_success": int(ref.success), "refinement_message": ref.message,
+               "bound_warnings": "\n".join(a.message for a in at_bounds)},
     )
     rows, labels = [], []
     for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
@@ -282,21 +317,27 @@ def fit(
     return result if scales is None else scales.back(result)  # on the original scale
 
 
-def _refined_point(layout, ref: Refinement, obs) -> tuple[dict[str, float], dict[str, float]]:
+def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:
     """The refined optimum by the ODE model's variable names, and a spread for each: the
     refinement's standard errors of theta and the free initial values (10 % of the value
     where undetermined), sigma/sqrt(2N) for a noise sd."""
     se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
     center, sd = {}, {}
-    idx = [list(layout.states).index(s) for s in obs.states]
+    idx = [list(layout.states).index(s) for s in initial_states]
     for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
-                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, obs.states, idx))]:
+                         *((n, f"x0[{s}]", ref.x0[i]) for n, s, i in zip(layout.initial, initial_states, idx))]:
         s = se.get(key, np.nan)
         center[name] = float(v)
         sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
     for name, sig, n in zip(layout.noise, ref.noise_sd, obs.n_obs):
         center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * n)
     return center, sd
+
+
+def _x0_stderr(ref: Refinement, states) -> np.ndarray:
+    """(S,) standard errors of the refined initial values (0 where the value was held fixed)."""
+    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+    return np.array([se.get(f"x0[{s}]", 0.0) for s in states])
 
 
 def _stack_diagnostics(diagnostics: dict[str, xr.Dataset]) -> xr.Dataset:

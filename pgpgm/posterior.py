@@ -78,6 +78,7 @@ def build_ode_model(
     noise_center: Sequence[float] | None = None,
     solver: Solver | None = None,
     dense_times: np.ndarray | None = None,
+    x0_priors: Mapping[str, PriorSpec] | None = None,
 ) -> tuple[pm.Model, ODEModelLayout]:
     """The ODE model of partial observations as a ``pm.Model``.
 
@@ -95,20 +96,27 @@ def build_ode_model(
         LogNormal prior centred on ``noise_center`` (M,) (e.g. the GP estimates)
     solver : the ODE solver (default :func:`pgpgm.default_solver`)
     dense_times : (D,) grid of the state deterministics (default 400 points over the data)
+    x0_priors : priors of unknown latent initial values ``{state: (lower, upper) or callable}``
+        (default: the prior entries of a mapping ``x0``); each is a free variable ``<state>_0``
 
     Returns
     -------
     (pm.Model, ODEModelLayout)
-        Free: the parameters, ``<state>_0`` per observed state, ``sigma_<state>``;
+        Free: the parameters, ``<state>_0`` per observed state and per unknown latent
+        initial value (layout.initial: observed states first), ``sigma_<state>``;
         deterministics: every state on ``time_dense``; observed: ``y_<state>`` (time; or
         ``time_<state>``, the state's own measurement times, when values are missing).
         A failed solve is a -inf log density (a rejected proposal / divergence).
     """
-    from .data import as_observations, initial_values
+    from .data import as_observations, initial_value_priors, initial_values
 
     obs = data if isinstance(data, Observations) else as_observations(data, observed, system)
     obs_idx = system.index_of_states(obs.states)
-    x0 = initial_values(system, data, x0, obs_idx)
+    unknown = initial_value_priors(system, x0, obs_idx) if x0_priors is None else dict(x0_priors)
+    unknown = {s: unknown[s] for s in system.states if s in unknown}  # state order
+    x0 = initial_values(system, data, x0, obs_idx) if not unknown or x0 is None or isinstance(x0, Mapping) else \
+        initial_values(system, data, {s: v for s, v in zip(system.states, np.asarray(x0, float))
+                                      if s not in unknown} | unknown, obs_idx)
     prior = priors if isinstance(priors, Priors) else Priors.from_user(system.parameters, priors)
     t, Y = obs.times, obs.values
     M = len(obs.states)
@@ -132,6 +140,10 @@ def build_ode_model(
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
             spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
             first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=float(ym[0]), sigma=spread)
+        u = Priors.from_user([initial_value_name(s) for s in unknown],
+                             {initial_value_name(s): v for s, v in unknown.items()}).variables()
+        for j, s in enumerate(unknown):  # unknown latent initial values
+            first[system.states.index(s)] = u[j]
         x0_vec = pt.stack([first[i] if i in first else pt.constant(float(x0[i])) for i in range(system.n_states)])
         traj = ODEOp(integrator, on_failure="nan")(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
@@ -151,7 +163,7 @@ def build_ode_model(
                 model.add_coord(f"time_{s}", t[rows])
                 pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=Y[rows, m],
                           dims=f"time_{s}")
-    layout = ODEModelLayout(tuple(system.parameters), tuple(initial_value_name(s) for s in obs.states),
+    layout = ODEModelLayout(tuple(system.parameters), tuple(initial_value_name(s) for s in (*obs.states, *unknown)),
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)
     return model, layout

@@ -71,9 +71,22 @@ class FitResult:
         ref = e["theta"].sel(estimate="refined").values
         return {p: float(v) for p, v, f in zip(self.system.parameters, ref, e["fixed"].values) if f}
 
+    @property
+    def at_bounds(self) -> dict[str, str]:
+        """Parameters at a bound of their Uniform prior (refined estimate on it, or > 10 % of
+        the posterior within 1 % of the box width of it): name -> the warning's text
+        (:mod:`pgpgm.bounds`); empty when none is."""
+        e = self.estimates
+        if "at_bound" not in e:
+            return {}
+        messages = [m for m in str(e.attrs.get("bound_warnings", "")).split("\n") if m]
+        return {str(p): next((m for m in messages if m.startswith(f"{p} ")), str(side))
+                for p, side in zip(e["parameter"].values, e["at_bound"].values) if side}
+
     def parameter_table(self) -> pd.DataFrame:
         """Per parameter: true (if known), sampled (gradient-matching mean), refined with its
-        standard error, and with step 4 the posterior mean, sd, 94 % interval and R-hat. A
+        standard error, and with step 4 the posterior mean, sd, 94 % interval and R-hat;
+        ``at_bound`` (``"lower"``/``"upper"``, when some parameter is at a prior bound). A
         parameter held fixed shows its value in every estimate column, standard error and
         posterior sd 0, and ``fixed`` True (the column is there when some parameter is fixed)."""
         e = self.estimates
@@ -98,6 +111,8 @@ class FitResult:
                 table["r_hat"] = [np.nan if p in fixed else float(rhat.sel(variable=p)) for p in params]
         if fixed:
             table["fixed"] = [p in fixed for p in params]
+        if "at_bound" in e and any(e["at_bound"].values):
+            table["at_bound"] = [str(v) for v in e["at_bound"].values]
         return table
 
     def summary(self, **kwargs) -> pd.DataFrame:

@@ -293,3 +293,98 @@ def test_per_state_kernel_and_gamma(lv):
         pgpgm.gradient_matching_density(lv.system, ds, ["x1", "x2"], gamma={"x1": 0.3})
     with pytest.raises(DataError, match=r"kernel given for \['x3'\]"):
         pgpgm.fit(lv.system, ds, ["x1", "x2"], kernel={"x1": "rbf", "x2": "rbf", "x3": "rbf"}, progressbar=False)
+
+
+# ---------------------------------------------------------------- estimates at a prior bound
+def test_bound_report_counts_draws():
+    from pgpgm.bounds import bound_report
+
+    priors = pgpgm.Priors.from_user(["a", "b", "c"], {"a": (0, 10), "b": (1, 2), "c": lambda n: None})
+    rng = np.random.default_rng(0)
+    near = rng.uniform(1.0, 1.0 + 0.009, 30)       # within 1 % of the width (0.01) of b's lower bound
+    draws = {"a": rng.uniform(2, 8, 200), "b": np.r_[near, rng.uniform(1.2, 1.8, 170)], "c": rng.normal(size=200)}
+    report = bound_report(priors, [9.9995, 1.5, 100.0], draws)
+    assert [(r.parameter, r.side, r.refined) for r in report] == [("a", "upper", True), ("b", "lower", False)]
+    assert report[1].fraction == 30 / 200 and np.isclose(report[0].fraction, np.mean(draws["a"] >= 9.9))
+    assert "b is at the lower bound 1 of its Uniform prior (1, 2): 15 % of the posterior draws" in report[1].message
+    assert "widen the prior, e.g. priors={'a': (0, 20)}" in report[0].message
+    assert bound_report(priors, [5.0, 1.5, 0.0], {"b": np.r_[near[:20], rng.uniform(1.2, 1.8, 180)]}) == ()
+
+
+def test_fit_warns_when_the_refined_estimate_is_on_a_bound(lv, tmp_path):
+    from pgpgm.cli import _write_outputs
+
+    ds = _async(lv, missing=0.0)
+    with pytest.warns(pgpgm.BoundWarning, match=r"theta3 is at the upper bound 3 of its Uniform prior \(0, 3\)"):
+        r = pgpgm.fit(lv.system, ds, ["x1", "x2"], noise_sd=0.1, priors={"theta3": (0, 3)}, draws=150, tune=150,
+                      posterior="laplace", posterior_draws=100, posterior_chains=1, progressbar=False)
+    assert abs(r.theta[2] - 3.0) <= 1e-3 * 3  # the truth (4) is outside the box
+    assert list(r.at_bounds) == ["theta3"] and "widen the prior" in r.at_bounds["theta3"]
+    table = r.parameter_table()
+    assert table.loc["theta3", "at_bound"] == "upper" and (table["at_bound"] != "").sum() == 1
+    back = pgpgm.load_result(r.save(tmp_path / "b.nc"))
+    assert back.at_bounds == r.at_bounds
+    _write_outputs(r, tmp_path / "out", "bound test")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## At a prior bound" in summary and "theta3 is at the upper bound 3" in summary
+
+
+# ---------------------------------------------------------------- unknown initial values
+def test_refinement_jacobian_wrt_a_latent_initial_value_matches_finite_differences(fhn):
+    c = fhn.case("V-observed")
+    ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times[::2], observed=["V"], snr=c.snr, seed=0)
+    integ = pgpgm.Integrator(fhn.system, ds.time.values, pgpgm.CVODE(rtol=1e-11, atol=1e-11))
+    problem = LeastSquaresProblem(integ, ds.y.values, (0,), 0.1, np.array([-1.0, 0.8]), free_x0=(0, 1))
+    assert problem.q_names[-1] == "x0[R]"
+    q = np.r_[0.25, 0.15, 2.8, -0.9, 0.8]
+    J = problem.jacobian(q)
+    h = 1e-6
+    for j in (3, 4):
+        e = np.zeros(q.size)
+        e[j] = h
+        fd = (problem.residuals(q + e) - problem.residuals(q - e)) / (2 * h)
+        np.testing.assert_allclose(J[:, j], fd, rtol=1e-5, atol=1e-6 * np.abs(fd).max())
+
+
+def test_bad_initial_value_priors(lv, fhn):
+    ds = _async(lv)
+    with pytest.raises(DataError, match=r"x0 gives a prior for \['H'\], which are not states"):
+        pgpgm.gradient_matching_density(lv.system, ds, ["x1"], x0={"H": (0, 50)})
+    with pytest.raises(DataError, match=r"x0 gives a prior for \['H'\], which are not states"):
+        pgpgm.fit(lv.system, ds, ["x1"], x0={"x2": 3.0, "H": (0, 50)}, progressbar=False)
+    with pytest.raises(DataError, match=r"prior for the observed state\(s\) \['x1'\]"):
+        pgpgm.gradient_matching_density(lv.system, ds, ["x1"], x0={"x1": (0, 10), "x2": 3.0})
+    with pytest.raises(DataError, match="prior bounds of x2_0 must be finite with lower < upper"):
+        pgpgm.gradient_matching_density(lv.system, ds, ["x1"], x0={"x2": (5, 1)})
+    with pytest.raises(DataError, match=r"latent states \['x2'\] are required .* or give a prior"):
+        pgpgm.gradient_matching_density(lv.system, ds, ["x1"], x0={})
+
+
+def test_unknown_latent_initial_value_is_a_free_variable(fhn):
+    c = fhn.case("V-observed")
+    ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times[::2], observed=["V"], snr=c.snr, seed=0)
+    d = pgpgm.gradient_matching_density(fhn.system, ds, ["V"], x0={"R": (-5, 5)}, kernel="matern52",
+                                        priors=(0, 5))
+    model = d.model()
+    assert "R_0" in [v.name for v in model.free_RVs] and d.unknown_x0_idx == (1,)
+    target = GradientMatchingTarget(d)
+    assert target.coordinate_names[-1] == "R_0_interval__" or target.coordinate_names[-1] == "R_0"
+    X = np.zeros((d.obs.times.size, 2))
+    X[:, 0] = d.gp_posterior_means()[:, 0]
+    _, _, lat = target.evaluate(np.r_[c.theta, 0.7], X)
+    x = scipy_reference(fhn.system, c.theta, [X[0, 0], 0.7], d.obs.times)
+    np.testing.assert_allclose(lat[:, 0], x[:, 1], rtol=1e-5, atol=1e-6)  # the latent solve starts at R_0
+    model, layout = pgpgm.build_ode_model(fhn.system, ds, ["V"], x0={"R": (-5, 5)}, priors=(0, 5), noise_sd=0.1)
+    assert layout.initial == ("V_0", "R_0") and {"V_0", "R_0"} <= {v.name for v in model.free_RVs}
+
+
+@pytest.mark.slow
+def test_unknown_latent_initial_value_is_recovered(fhn):
+    c = fhn.case("V-observed")
+    ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["V"], snr=c.snr, seed=0)
+    r = pgpgm.fit(fhn.system, ds, ["V"], x0={"R": (-5, 5)}, kernel="matern52", priors=(0, 5), draws=800,
+                  tune=800, posterior=None, progressbar=False, seed=0)
+    se = float(r.estimates["x0_stderr"].sel(state="R"))
+    assert 0 < se < 0.2 and bool(r.estimates["x0_unknown"].sel(state="R"))
+    assert abs(r.x0["R"] - 1.0) < 3 * se
+    np.testing.assert_allclose(r.theta, c.theta, rtol=0.2)

@@ -46,7 +46,7 @@ class Coordinates:
     def of(cls, target: GradientMatchingTarget) -> Coordinates:
         """Log coordinates for every parameter bounded below in the constrained space;
         PyMC's value space is unbounded already (identity)."""
-        P = target.density.system.n_parameters
+        P = len(target.coordinate_names)  # parameters and unknown latent initial values
         if target.space == "value":
             return cls(np.zeros(P), np.zeros(P, bool))
         lower = target.lower_bounds()
@@ -123,7 +123,7 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
     """One joint move of (z, the free observed-state values); returns the state, the
     acceptance probability and whether it was accepted."""
     d, a = target.density, target.arrays
-    P = d.system.n_parameters
+    P = state.q.size  # the coordinates: parameters, then unknown latent initial values
     obs, latent = a.obs_idx, a.lat_idx.size > 0
     cur = state.conditional if state.conditional is not None else _conditional_at(target, state)
     state = replace(state, conditional=cur)

@@ -235,8 +235,8 @@ def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict
     obs = {f"y_{n}": s.obs.values[:, m] for m, n in enumerate(s.obs.states)}
     dims = {n: ["time"] for n in s.system.states}
     dims.update({f"y_{n}": ["time"] for n in s.obs.states})
-    if "accept_theta" in stats:
-        dims["accept_theta"] = ["parameter"]
+    if "accept_theta" in stats:  # per coordinate: parameters, then unknown latent initial values
+        dims["accept_theta"] = ["parameter"] if not s.x0_priors.names else ["coordinate"]
     attrs = {
         "pgpgm_settings": json.dumps({
             **settings, "system": s.system.name, "observed": list(s.obs.states), "latent": list(s.latent),
@@ -248,7 +248,8 @@ def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict
     }
     tree = az.from_dict(
         {"posterior": post, "sample_stats": stats, "observed_data": obs},
-        coords={"time": s.obs.times, "parameter": list(s.system.parameters)},
+        coords={"time": s.obs.times, "parameter": list(s.system.parameters),
+                **({"coordinate": [*s.system.parameters, *s.x0_priors.names]} if s.x0_priors.names else {})},
         dims=dims,
     )
     tree.attrs.update(attrs)

@@ -127,7 +127,7 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
             accepted[0, m] = 1
             stats = d.statistics(theta, X)
     # 3. parameters, each with a fresh latent-state solve
-    moved = np.zeros(d.system.n_parameters, dtype=bool)
+    moved = np.zeros(q.size, dtype=bool)  # parameters, then unknown latent initial values
     for j in np.flatnonzero(params.move_params):
         prop = q.copy()
         prop[j] += params.param_scale[j] * rng.standard_normal()

@@ -34,7 +34,7 @@ def initial_params(target: GradientMatchingTarget, state: ChainState, state_scal
     ``param_scale``, scalar or (P,))."""
     a = target.arrays
     N, M = target.density.obs.values.shape
-    P = target.density.system.n_parameters
+    P = state.q.size  # parameters and unknown latent initial values
     sx = 1.5 * a.conditional_sd() if state_scale is None else np.full((N, M), float(state_scale))
     sp = np.maximum(0.05 * np.abs(state.q), 0.01) if param_scale is None else param_scale
     return StepParams(sx, np.broadcast_to(np.asarray(sp, float), (P,)).copy(), np.ones(M, bool), np.ones(P, bool))

@@ -33,9 +33,10 @@ class Starts:
 
     def __init__(self, target: GradientMatchingTarget):
         self.target = target
-        m, names = target.prior_model, target.density.system.parameters
+        m = target.prior_model
+        self.names = (*target.density.system.parameters, *target.density.x0_priors.names)  # Q coordinates
         ip = m.initial_point()
-        self.median = np.array([float(ip[p]) for p in names])
+        self.median = np.array([float(ip[p]) for p in self.names])
         self._mode = cache(self._density_mode)
 
     def theta(self, init, rng: np.random.Generator) -> np.ndarray:
@@ -43,19 +44,22 @@ class Starts:
         if isinstance(init, str) and init == "prior-median":
             return self.median
         if isinstance(init, str) and init == "prior":
-            draws = pm.draw([self.target.prior_model[p] for p in d.system.parameters], random_seed=rng)
+            draws = pm.draw([self.target.prior_model[p] for p in self.names], random_seed=rng)
             return np.array([float(v) for v in draws])
         if isinstance(init, str) and init == "map":
             mode = self._mode()
             jittered = mode * np.exp(0.02 * rng.standard_normal(mode.size))
-            b = d.priors.bounds
+            b = _bounds(d)
             if b is None:
                 return jittered
             return np.clip(jittered, b[:, 0] + 1e-9 * np.ptp(b, 1), b[:, 1] - 1e-9 * np.ptp(b, 1))
         if isinstance(init, str):
             raise DataError(f"init must be one of {STRATEGIES} or {d.system.n_parameters} values, got {init!r}")
         theta = np.asarray(init, float)
-        if theta.shape != (d.system.n_parameters,):
+        P = d.system.n_parameters
+        if theta.shape == (P,) and len(self.names) > P:  # unknown initial values start at their prior's centre
+            theta = np.concatenate([theta, self.median[P:]])
+        if theta.shape != (len(self.names),):
             raise DataError(f"init must be one of {STRATEGIES} or {d.system.n_parameters} values "
                             f"{list(d.system.parameters)}, got shape {theta.shape}")
         return theta
@@ -71,7 +75,15 @@ class Starts:
             lp = target.evaluate(theta, X)[0]
             return -lp if np.isfinite(lp) else 1e300
 
-        b = d.priors.bounds
+        b = _bounds(d)
         res = optimize.minimize(neg, self.median, method="Powell", bounds=None if b is None else [tuple(r) for r in b],
                                 options={"xtol": 1e-4, "ftol": 1e-8, "maxfev": 4000})
         return res.x if res.fun < neg(self.median) else self.median
+
+
+def _bounds(d) -> np.ndarray | None:
+    """(Q, 2) Uniform-prior boxes of the coordinates (parameters, unknown initial values), or None."""
+    b, b0 = d.priors.bounds, d.x0_priors.bounds
+    if b is None or b0 is None:
+        return None
+    return np.vstack([b, b0]) if b0.size else b

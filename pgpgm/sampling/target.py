@@ -92,7 +92,8 @@ class GradientMatchingTarget:
     Attributes
     ----------
     space : ``"constrained"`` or ``"value"``, as given
-    coordinate_names : (P,) names of the sampler's parameter coordinates in the model point
+    coordinate_names : (Q,) names of the sampler's coordinates in the model point: the P
+        parameters, then the U unknown latent initial values ``<state>_0`` (Q = P + U)
     arrays : :class:`SweepArrays`
     n_logp_evals : full density evaluations so far
     """
@@ -106,7 +107,7 @@ class GradientMatchingTarget:
         self.model = density.model() if model is None else model
         _refuse_state_terms(density, self.model)
         m = remove_value_transforms(self.model) if space == "constrained" else self.model
-        params = [m[p] for p in density.system.parameters]
+        params = [m[p] for p in (*density.system.parameters, *density.x0_priors.names)]
         outs = [m.logp(), *m.replace_rvs_by_values(params)]
         if density.latent:
             outs += m.replace_rvs_by_values([m[n] for n in density.latent])
@@ -124,7 +125,8 @@ class GradientMatchingTarget:
         m, d = self.prior_model, self.density
         own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in d.obs.states), *d.obs.states}
         terms = [v for v in (*m.basic_RVs, *m.potentials) if v.name not in own]
-        outs = [m.logp(vars=terms), *m.replace_rvs_by_values([m[p] for p in d.system.parameters])]
+        outs = [m.logp(vars=terms),
+                *m.replace_rvs_by_values([m[p] for p in (*d.system.parameters, *d.x0_priors.names)])]
         if d.latent:
             outs += m.replace_rvs_by_values([m[n] for n in d.latent])
         return m.compile_fn(outs, point_fn=True)
@@ -139,7 +141,7 @@ class GradientMatchingTarget:
 
     def parameter_part(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
         """The log density's terms in the parameters alone, the parameters (P,) and the
-        latent states (N, L) at coordinates q (P,): one ODE solve from the observed states'
+        latent states (N, L) at coordinates q (Q,): one ODE solve from the observed states'
         values ``X[0]`` (N, S; only row 0 is read). ``parameter_part(q, X)[0] +
         state_part(X, stats)`` equals ``evaluate(q, X)[0]``."""
         self.n_logp_evals += 1
@@ -149,9 +151,9 @@ class GradientMatchingTarget:
         else:  # no solve: the parameters alone
             point = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
         out = self.parameter_function(point)
-        P = self.density.system.n_parameters
+        P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
-        lat = np.column_stack(out[P + 1 :]) if latent else None
+        lat = np.column_stack(out[Q + 1 :]) if latent else None
         if latent and not np.all(np.isfinite(lat)):
             return -np.inf, theta, lat
         return float(out[0]), theta, lat
@@ -167,11 +169,12 @@ class GradientMatchingTarget:
         return -0.5 * float(q) + self.log_normaliser
 
     def lower_bounds(self) -> np.ndarray:
-        """(P,) the lower end of each parameter's support (-inf when unbounded below), read
+        """(Q,) the lower end of each coordinate's support (-inf when unbounded below), read
         from the model's value transforms (interval and log transforms)."""
         m = self.model
-        out = np.full(self.density.system.n_parameters, -np.inf)
-        for j, p in enumerate(self.density.system.parameters):
+        names = (*self.density.system.parameters, *self.density.x0_priors.names)
+        out = np.full(len(names), -np.inf)
+        for j, p in enumerate(names):
             rv = m[p]
             tr = m.rvs_to_transforms.get(rv)
             if isinstance(tr, LogTransform):
@@ -193,9 +196,9 @@ class GradientMatchingTarget:
         """Full model log density, parameters (P,) and latent states (N, L) at q (P,) and X (N, S)."""
         self.n_logp_evals += 1
         out = self._fn(self.point(q, X))
-        P = self.density.system.n_parameters
+        P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
-        lat = np.column_stack(out[P + 1 :]) if self.density.latent else None
+        lat = np.column_stack(out[Q + 1 :]) if self.density.latent else None
         return float(out[0]), theta, lat
 
 
@@ -208,9 +211,11 @@ class GradientMatchingTarget:
             return "every term is finite (the total overflows); rescale the data or the parameters"
         reasons = []
         for name in bad:
-            if name in d.system.parameters:
-                reasons.append(f"parameter {name} = {q[list(d.system.parameters).index(name)]:.6g} is outside its "
-                               "prior's support; change init= or widen the prior")
+            if name in d.system.parameters or name in d.x0_priors.names:
+                what = "parameter" if name in d.system.parameters else "initial value"
+                j = list((*d.system.parameters, *d.x0_priors.names)).index(name)
+                reasons.append(f"{what} {name} = {q[j]:.6g} is outside its prior's support; change init= or widen "
+                               "the prior")
             elif name == "gradient_matching" and d.latent:
                 reasons.append("the latent-state solve fails there (or f is not finite); start elsewhere or check "
                                "the equations and x0")

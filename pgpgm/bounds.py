@@ -1,0 +1,98 @@
+"""Estimates at a prior bound: the refined value or much of a posterior on the edge of a Uniform prior.
+
+A Uniform prior (lower, upper) is also the box of the least-squares refinement. When the
+best fit lies outside it, the refinement stops on the bound and the posterior piles up
+against it; the numbers then describe the box, not the data. :func:`bound_report` finds
+such parameters, :func:`warn_at_bounds` says so with a :class:`~pgpgm.errors.BoundWarning`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import BoundWarning
+from .priors import Priors
+
+#: a refined estimate within this fraction of the box width of a bound is "on" it
+REFINED_RTOL = 1e-3
+#: a posterior is "at" a bound when more than POSTERIOR_FRACTION of its draws lie within
+#: POSTERIOR_BAND of the box width of it
+POSTERIOR_BAND = 0.01
+POSTERIOR_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class AtBound:
+    """One parameter at a bound of its Uniform prior.
+
+    Attributes
+    ----------
+    parameter : its name; side : ``"lower"`` or ``"upper"``; bound : the bound's value;
+    prior : (lower, upper) of the prior; refined : whether the refined estimate is on it;
+    fraction : fraction of the posterior draws within 1 % of the box width of it (NaN without draws)
+    """
+
+    parameter: str
+    side: str
+    bound: float
+    prior: tuple[float, float]
+    refined: bool
+    fraction: float
+
+    @property
+    def message(self) -> str:
+        lo, hi = self.prior
+        what = []
+        if self.refined:
+            what.append("the refined estimate is on it")
+        if np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION:
+            what.append(f"{100 * self.fraction:.0f} % of the posterior draws lie within "
+                        f"{100 * POSTERIOR_BAND:g} % of the prior's width of it")
+        if self.side == "lower" and lo == 0:
+            hint = "the parameter may be near 0 (or another one compensates it); check the model, or lower the bound"
+        else:
+            wider = (lo, hi + (hi - lo)) if self.side == "upper" else (lo / 10 if lo > 0 else lo - (hi - lo), hi)
+            hint = f"widen the prior, e.g. priors={{{self.parameter!r}: ({wider[0]:g}, {wider[1]:g})}}"
+        return (f"{self.parameter} is at the {self.side} bound {self.bound:g} of its Uniform prior ({lo:g}, {hi:g}): "
+                + " and ".join(what) + f"; {hint}")
+
+
+def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, np.ndarray] | None = None
+                 ) -> tuple[AtBound, ...]:
+    """Parameters whose refined estimate or posterior sits on a Uniform prior bound.
+
+    Parameters
+    ----------
+    priors : the parameter priors (only ``(lower, upper)`` specs are checked)
+    refined : (P,) refined estimates, in ``priors.names`` order
+    draws : posterior draws by parameter name (any shape), or None
+
+    Returns
+    -------
+    tuple of AtBound (empty when nothing is at a bound). A refined estimate is on a bound
+    when within 1e-3 of the prior's width of it; a posterior when more than 10 % of its draws
+    lie within 1 % of the width of it.
+    """
+    out = []
+    for name, spec, value in zip(priors.names, priors.specs, refined):
+        if callable(spec):
+            continue
+        lo, hi = float(spec[0]), float(spec[1])
+        width = hi - lo
+        d = None if draws is None or name not in draws else np.asarray(draws[name], float).ravel()
+        for side, b in (("lower", lo), ("upper", hi)):
+            on = bool(abs(float(value) - b) <= REFINED_RTOL * width)
+            frac = float(np.mean(np.abs(d - b) <= POSTERIOR_BAND * width)) if d is not None and d.size else np.nan
+            if on or (np.isfinite(frac) and frac > POSTERIOR_FRACTION):
+                out.append(AtBound(name, side, b, (lo, hi), on, frac))
+    return tuple(out)
+
+
+def warn_at_bounds(report: Sequence[AtBound], stacklevel: int = 3) -> None:
+    """One :class:`~pgpgm.errors.BoundWarning` naming every parameter of ``report``."""
+    if report:
+        warnings.warn("; ".join(a.message for a in report), BoundWarning, stacklevel=stacklevel)
