@@ -99,7 +99,7 @@ def _log_residuals(q, t, y, w):
     return ((np.log(x) - np.log(y)) * w).ravel()
 
 
-def test_lognormal_fit_recovers_theta_at_the_global_optimum_and_uses_the_lognormal_likelihood():
+def test_lognormal_fit_recovers_theta_at_the_global_optimum_and_uses_the_lognormal_likelihood(tmp_path):
     theta, x0, t, y = _lognormal_data()
     data = pd.DataFrame({"time": t, "x1": y[:, 0], "x2": y[:, 1]})
     with warnings.catch_warnings():
@@ -119,6 +119,9 @@ def test_lognormal_fit_recovers_theta_at_the_global_optimum_and_uses_the_lognorm
     # the result is on the original scale
     assert list(r.trajectories["state"].values) == ["x1", "x2"]
     np.testing.assert_allclose(r.trajectories["y"].values, y)
+    back = pgpgm.load_result(r.save(tmp_path / "lognormal.nc"))  # the result file keeps the original scale
+    assert back.x0 == r.x0 and back.system.states == ("x1", "x2")
+    assert back.trajectories["noise_sd"].attrs["scale"] == r.trajectories["noise_sd"].attrs["scale"]
     # an independent multi-start on the lognormal profile likelihood (scipy ODE solver, hand-written rhs)
     # (alternating: weighted least squares in q for fixed sds, then sd_k = sqrt(RSS_k / N))
     rng = np.random.default_rng(0)
