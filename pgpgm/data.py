@@ -292,7 +292,9 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
         data); it must span every observation time. The result's grid is the union of
         ``grid`` and the observation times (an observation within 1e-9 of the grid's span of a
         grid point is put on that point). Default: the union of the observed states'
-        observation times.
+        observation times, starting at the data's first time (a wide table's or Dataset's first
+        row is kept even when nothing is measured there). The initial values x0 refer to the
+        grid's first time.
 
     Returns
     -------
@@ -339,7 +341,10 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
                             "(measure it more often, or leave it out of observed)")
         cols.append(v)
     values = np.column_stack(cols)
-    measured = np.isfinite(values).any(axis=1)  # times where no observed state is measured are dropped
+    # times where no observed state is measured are dropped, except the table's first time: the
+    # initial values (x0, a simulated Dataset's attrs["x0"]) refer to it
+    measured = np.isfinite(values).any(axis=1)
+    measured[0] = True
     t, values = t[measured], values[measured]
     if grid is not None:
         g = check_times(grid, min_points=3, name="grid")
