@@ -371,8 +371,9 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
 
 
 def _is_prior(value) -> bool:
-    """Whether an x0 entry is a prior spec: ``(lower, upper)`` or a callable."""
-    return callable(value) or (isinstance(value, tuple | list) and len(value) == 2)
+    """Whether an x0 entry is a prior spec: a tuple ``(lower, upper)`` or a callable (a list is a
+    vector of values, refused as such)."""
+    return callable(value) or (isinstance(value, tuple) and len(value) == 2)
 
 
 def initial_value_priors(system: ODESystem, x0, observed_idx: Sequence[int]) -> dict[str, object]:

@@ -48,10 +48,11 @@ def client():
 
 @pytest.fixture(scope="module")
 def batch(spec, datasets, client, tmp_path_factory):
-    """Two good jobs (one with a Laplace posterior), one with a NaN in its data."""
+    """Two good jobs (one with a Laplace posterior), one with an inf in its data (a NaN is a value not
+    measured)."""
     out = tmp_path_factory.mktemp("batch")
     bad = datasets["seed1"].copy()
-    bad.loc[5, "value"] = np.nan
+    bad.loc[5, "value"] = np.inf
     jobs = [FitJob("seed1", spec, datasets["seed1"], ["x1"], case=CASE),
             FitJob("seed2", spec, datasets["seed2"], ["x1"], {"posterior": "laplace", "seed": 3}, case=CASE),
             FitJob("bad", spec, bad, ["x1"], case=CASE)]
@@ -64,14 +65,14 @@ def test_summary_rows_statuses_and_error_file(batch, spec):
     assert table["name"].tolist() == ["seed1", "seed2", "bad"]
     assert table["status"].tolist() == ["ok", "ok", "failed"]
     assert table["posterior"].tolist()[:2] == ["gradient_matching", "laplace"]
-    assert "DataError" in table.loc[2, "error"] and "NaN" in table.loc[2, "error"]
+    assert "DataError" in table.loc[2, "error"] and "contain inf" in table.loc[2, "error"]
     assert table.loc[:1, "error"].tolist() == ["", ""]
     on_disk = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""])
     assert on_disk["name"].tolist() == ["seed1", "seed2", "bad"]
     np.testing.assert_allclose(on_disk["theta1_refined"].to_numpy()[:2], table["theta1_refined"].to_numpy()[:2],
                                rtol=1e-12)
     record = json.loads(error_path(out, "bad").read_text())
-    assert record["type"] == "DataError" and "NaN" in record["message"] and "Traceback" in record["traceback"]
+    assert record["type"] == "DataError" and "inf" in record["message"] and "Traceback" in record["traceback"]
     assert not result_path(out, "bad").exists() and not error_path(out, "seed1").exists()
     # the row's numbers are the saved result's: refined estimate, posterior mean and 94 % interval, diagnostics
     for name in ("seed1", "seed2"):

@@ -175,8 +175,9 @@ def test_bad_inputs(lv):
         build_model(lv.system, {"time": c.times, "x1": ds.y.values[:, 0]}, ["x1"])
     with pytest.raises(DataError, match="gamma"):
         build_model(lv.system, ds, ["x1"], gamma=-1)
-    with pytest.raises(DataError, match="NaN"):
-        build_model(lv.system, {"time": c.times, "x1": np.r_[np.nan, ds.y.values[1:, 0]]}, ["x1"], x0=c.x0)
+    with pytest.raises(DataError, match="x1 has 2 measurement"):  # NaN is "not measured": too few left
+        build_model(lv.system, {"time": c.times, "x1": np.r_[np.full(c.times.size - 2, np.nan), 1.0, 2.0]}, ["x1"],
+                    x0=c.x0)
     with pytest.raises(DataError, match="duplicates"):
         build_model(lv.system, {"time": np.r_[0, c.times[:-1]], "x1": ds.y.values[:, 0]}, ["x1"], x0=c.x0)
     with pytest.raises(DataError, match="not states"):

@@ -116,7 +116,7 @@ def _numpy_density(density, theta, X):
 def latent_target(lv):
     """x1 measured on its own times with 30 % missing, x2 latent (one model compile, shared)."""
     density = pgpgm.gradient_matching_density(lv.system, _async(lv), ["x1"], x0={"x2": 3.0}, gamma=0.3,
-                                              priors=(0, 10))
+                                              priors=(0, 10), solver=pgpgm.CVODE(rtol=1e-12, atol=1e-12))
     return GradientMatchingTarget(density)
 
 
@@ -392,3 +392,19 @@ def test_unknown_latent_initial_value_is_recovered(fhn):
     assert 0 < se < 0.2 and bool(r.estimates["x0_unknown"].sel(state="R"))
     assert abs(r.x0["R"] - 1.0) < 3 * se
     np.testing.assert_allclose(r.theta, c.theta, rtol=0.2)
+
+
+@pytest.mark.slow
+def test_nuts_posterior_with_missing_values_and_an_unknown_initial_value(fhn):
+    """Step 4 on gappy data with R_0 unknown: the free variables are there and the posterior of R_0
+    covers the truth."""
+    c = fhn.case("V-observed")
+    ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["V"], snr=c.snr, seed=0, missing=0.3)
+    r = pgpgm.fit(fhn.system, ds, ["V"], x0={"R": (-5, 5)}, kernel="matern52", priors=(0, 5), draws=500,
+                  tune=500, posterior_draws=200, posterior_tune=200, posterior_chains=2, cores=1,
+                  progressbar=False, seed=0)
+    post = r.posterior.posterior
+    assert {"R_0", "V_0", "sigma_V"} <= set(post.data_vars)
+    lo, hi = np.quantile(post["R_0"].values, [0.005, 0.995])
+    assert lo < 1.0 < hi
+    assert abs(float(post["R_0"].mean()) - r.x0["R"]) < 3 * float(r.estimates["x0_stderr"].sel(state="R"))
