@@ -12,6 +12,8 @@ from .errors import (BackendWarning, BoundWarning, ConvergenceWarning, DataError
                      ModelDefinitionError, ODESolveError, PgpgmError, ResultFileError, SamplingError)
 from .ode.spec import Experiment, ModelSpec, available_models, load_model
 from .ode.system import ODESystem
+from .ode.transform import LogScale, log_transform
+from . import datasets
 from .pipeline import fit
 from .posterior import build_ode_model, sample_posterior
 from .priors import Priors
@@ -44,6 +46,7 @@ __all__ = [
     "GradientMatchingTarget",
     "Integrator",
     "LeastSquaresProblem",
+    "LogScale",
     "ModelDefinitionError",
     "ModelSpec",
     "ODEOp",
@@ -67,6 +70,8 @@ __all__ = [
     "jobs_from_folder",
     "jobs_from_tidy_csv",
     "load_model",
+    "log_transform",
+    "datasets",
     "load_result",
     "product_jobs",
     "refine",

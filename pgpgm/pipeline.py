@@ -6,6 +6,7 @@ import json
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import xarray as xr
@@ -18,6 +19,7 @@ from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
 from .posterior import build_ode_model, laplace_posterior, sample_posterior
 from .gp.kernels import KERNELS
+from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
@@ -55,6 +57,8 @@ def fit(
     cores: int | None = None,
     progressbar: bool = True,
     stop="agree",
+    noise: str | Mapping[str, str] | None = None,
+    transform: Mapping[str, str] | None = None,
     grid=None,
     fixed: Mapping[str, float] | None = None,
 ) -> FitResult:
@@ -87,8 +91,11 @@ def fit(
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
     ``result.gradient_matching.attrs["pgpgm_stopping"]`` (JSON, every check).
-    ``refine_x0`` also refines the observed states' initial values (started at their
-    posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
+    ``noise`` (``"normal"``, ``"lognormal"`` or a mapping observed state -> one of them) and
+    ``transform`` (mapping state -> ``"log"``) put states on the log scale: see :mod:`pgpgm.logscale`
+    (lognormal noise: every step on the log scale, noise sds on the log scale, ``noise_sd`` too;
+    ``"log"``: GP fit and gradient matching only). ``refine_x0`` also refines the observed
+    states' initial values (started at their posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
 
@@ -158,6 +165,14 @@ def fit(
         for v in per_state(value, obs.states, name):
             if name == "gamma":
                 check_gamma(v)
+    scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
+    if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
+        system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
+                                 scales.likelihood.x0)
+    # the problem of the GP fit and gradient matching (steps 1-2): the data as given, or on the log scale
+    gm = scales.matching if scales is not None else Problem(system, data, obs, x0, noise_sd)
+    if scales is not None:  # per-state kernels and gammas by the matching problem's state names
+        kernel, gamma = scales.matching_keys(kernel), scales.matching_keys(gamma)
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
@@ -169,6 +184,7 @@ def fit(
     full, fixed = system, dict(fixed or {})
     if fixed:  # fixed parameters become numbers in the equations: the fit runs on the others
         system = full.fix(fixed)
+        gm = replace(gm, system=system if gm.system is full else gm.system.fix(fixed))
         fixed = {k: float(v) for k, v in fixed.items()}
         if isinstance(priors, Mapping):
             priors = {k: v for k, v in priors.items() if k not in fixed}
@@ -177,35 +193,42 @@ def fit(
             if values.shape == (full.n_parameters,):
                 init = values[[full.parameters.index(p) for p in system.parameters]]
     Priors.from_user(system.parameters, priors)
-    gps = fit_gps(obs, kernel, noise_sd=noise_sd, seed=seed)
+    gps = fit_gps(gm.obs, kernel, noise_sd=gm.noise_sd, seed=seed)
     timings["gp"] = time.perf_counter() - t0
     integrator = Integrator(system, obs.times, solver)
-    density = gradient_matching_density(system, data, obs.states, x0=x0, kernel=kernel, gamma=gamma, priors=priors,
-                                        noise_sd=noise_sd, gp_fits=gps, solver=integrator, seed=seed, grid=grid)
+    gm_integrator = integrator if gm.system is system else Integrator(gm.system, obs.times, integrator.solver)
+    density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=kernel, gamma=gamma,
+                                        priors=priors, noise_sd=gm.noise_sd, gp_fits=gps, solver=gm_integrator,
+                                        seed=seed, grid=grid)
     t1 = time.perf_counter()
     if isinstance(stop, str) and stop == "agree":
-        stop = RefinedAgreement(density, integrator, density.priors.bounds, refine_x0=refine_x0,
-                                estimate_noise=noise_sd is None)
+        stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=refine_x0,
+                                estimate_noise=gm.noise_sd is None)
     # step 2 in this process (cores=1): worker processes would each compile the model again
     tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
                   progressbar=progressbar, stop=stop)
     stopping = json.loads(tree.attrs["pgpgm_stopping"])
     timings["sampling"] = time.perf_counter() - t1
-    n_sampling = integrator.n_solves
+    n_sampling = gm_integrator.n_solves
     post = tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
     unknown = [system.states[i] for i in density.unknown_x0_idx]  # latent states with unknown initial values
+    noise_start = density.noise_sd  # the GP's noise sds: the refinement's start and step 4's prior centre
+    on_log_for_matching = scales is not None and gm is not scales.likelihood
 
     def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
         mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
-        return np.array(density.initial_state([mean(s) for s in obs.states], [mean(s) for s in unknown]))
+        x = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]))
+        return scales.matching_to_likelihood(x, noise_start)[0] if on_log_for_matching else x
 
     x0_full = start_x0({})
+    if on_log_for_matching:
+        noise_start = scales.matching_to_likelihood(x0_full, noise_start)[1]
 
     t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
     free_x0 = (density.observed_idx if refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
-    problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, density.noise_sd, x0_full,
+    problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, noise_start, x0_full,
                                   free_x0=free_x0)
     # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
     # free initial values, as the stop checks refine them); keep the best
@@ -233,7 +256,7 @@ def fit(
     t3 = time.perf_counter()
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
-                                        noise_center=density.noise_sd, solver=integrator.solver,
+                                        noise_center=noise_start, solver=integrator.solver,
                                         dense_times=dense.times,
                                         x0_priors=dict(zip(unknown, density.x0_priors.specs)))
         center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
@@ -316,7 +339,8 @@ def fit(
                 "observed": list(obs.states)},
     )
     solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
-    return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    result = FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    return result if scales is None else scales.back(result)  # on the original scale
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:

@@ -17,7 +17,7 @@ def _run(nb, folder: Path, monkeypatch) -> None:
 
 
 def test_all_systems_have_a_notebook():
-    assert [p.stem for p in NOTEBOOKS] == ["fitzhugh_nagumo", "lotka_volterra", "protein_transduction"]
+    assert {"fitzhugh_nagumo", "lotka_volterra", "protein_transduction"} <= {p.stem for p in NOTEBOOKS}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
