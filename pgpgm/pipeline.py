@@ -14,7 +14,7 @@ from .density import fit_gps, gradient_matching_density
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
-from .posterior import build_ode_model, laplace_posterior, sample_posterior
+from .posterior import build_ode_model, laplace_posterior, log_scale_names, sample_posterior
 from .gp.kernels import KERNELS
 from .priors import PriorSpec, Priors
 from .refine import LeastSquaresProblem, Refinement, refine
@@ -159,7 +159,8 @@ def fit(
     if posterior == "nuts":
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=density.noise_sd, solver=integrator.solver,
-                                        dense_times=dense.times)
+                                        dense_times=dense.times,
+                                        log_scale=log_scale_names(density.priors, ref.theta, ref.stderr))
         center, sd = _refined_point(layout, ref, obs)
         names = {**{p: p for p in layout.parameters},
                  **{f"x0[{s}]": n for s, n in zip(obs.states, layout.initial)}}
