@@ -25,7 +25,11 @@ CASES = [("lotka-volterra", "x1-observed"), ("lotka-volterra", "x1-observed-larg
 ap = argparse.ArgumentParser()
 ap.add_argument("--seeds", type=int, default=5)
 ap.add_argument("--out", default="paper", help="name of the result files in benchmarks/results/")
+ap.add_argument("--cases", default=None,
+                help="comma-separated 'model:case' to run, in this order (default: every published case)")
 args = ap.parse_args()
+if args.cases:
+    CASES = [tuple(c.split(":")) for c in args.cases.split(",")]
 warnings.simplefilter("ignore")  # convergence is reported in the table
 rows = []
 # seed-major: every case once before any case twice, so an interrupted run still covers every case;

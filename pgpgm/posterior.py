@@ -248,7 +248,7 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
             full = np.diag(var)
             d = du[idx]
             full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
-            if np.all(np.linalg.eigvalsh(full) > 0):
+            if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
                 return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
     return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
