@@ -7,13 +7,14 @@ divergences), wall time, ODE solves.
 """
 
 import argparse
+import json
 
 import warnings
 
 import numpy as np
 
 import pgpgm
-from _common import write
+from _common import RESULTS, write
 
 CASES = [("lotka-volterra", "x1-observed"), ("lotka-volterra", "x1-observed-large-noise"),
          ("lotka-volterra", "x2-observed"),
@@ -23,14 +24,24 @@ CASES = [("lotka-volterra", "x1-observed"), ("lotka-volterra", "x1-observed-larg
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--seeds", type=int, default=5)
+ap.add_argument("--out", default="paper", help="name of the result files in benchmarks/results/")
+ap.add_argument("--cases", default=None,
+                help="comma-separated 'model:case' to run, in this order (default: every published case)")
 args = ap.parse_args()
+if args.cases:
+    CASES = [tuple(c.split(":")) for c in args.cases.split(",")]
 warnings.simplefilter("ignore")  # convergence is reported in the table
 rows = []
-for name, case_name in CASES:
-    spec = pgpgm.load_model(name)
-    c = spec.case(case_name)
-    identifiable = [p != "t6" for p in spec.system.parameters]  # t6 is published as not identifiable
-    for seed in range(args.seeds):
+# seed-major: every case once before any case twice, so an interrupted run still covers every case;
+# each row is also appended to results/<out>.partial.jsonl as it finishes
+partial = RESULTS / f"{args.out}.partial.jsonl"
+RESULTS.mkdir(exist_ok=True)
+partial.write_text("")
+for seed in range(args.seeds):
+    for name, case_name in CASES:
+        spec = pgpgm.load_model(name)
+        c = spec.case(case_name)
+        identifiable = [p != "t6" for p in spec.system.parameters]  # t6 is published as not identifiable
         r = pgpgm.fit(spec.system, spec.simulate(case_name, seed=seed), c.observed, kernel=c.kernel, gamma=c.gamma,
                       priors=spec.priors(case_name),
                       tune=1500, draws=c.iterations - 1500, chains=2, seed=seed, progressbar=False)
@@ -52,6 +63,9 @@ for name, case_name in CASES:
             "latent_rmse_sampled": rmse["sampled"], "latent_rmse_refined": rmse["refined"],
             "seconds": r.timings["total"], "posterior_s": r.timings["posterior"],
             "ode_solves": sum(r.n_ode_solves.values()),
+            "rounds": int(r.posterior.attrs.get("pgpgm_rounds", 1)),
         })
         print(rows[-1], flush=True)
-write("paper", rows, f"## Published cases, {args.seeds} noise seeds each (relative errors exclude t6)")
+        with partial.open("a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
+write(args.out, rows, f"## Published cases, {args.seeds} noise seeds each (relative errors exclude t6)")

@@ -17,7 +17,7 @@ from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
-from .posterior import build_ode_model, laplace_posterior, sample_posterior
+from .posterior import build_ode_model, laplace_posterior, log_scale_names, sample_posterior
 from .gp.kernels import KERNELS
 from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
@@ -258,7 +258,8 @@ def fit(
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
                                         noise_center=noise_start, solver=integrator.solver,
                                         dense_times=dense.times,
-                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)))
+                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)),
+                                        log_scale=log_scale_names(density.priors, ref.theta, ref.stderr))
         center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
         names = {**{p: p for p in layout.parameters},
                  **{f"x0[{s}]": n for s, n in zip((*obs.states, *unknown), layout.initial)}}

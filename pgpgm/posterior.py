@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFullAdapt
+from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFull, QuadPotentialFullAdapt
 
 from .data import Observations
+from .diagnostics import ESS_MIN, diagnose, problems
 from .errors import DataError
 from .ode.system import ODESystem
 from .priors import PriorSpec, Priors
@@ -79,6 +80,7 @@ def build_ode_model(
     solver: Solver | None = None,
     dense_times: np.ndarray | None = None,
     x0_priors: Mapping[str, PriorSpec] | None = None,
+    log_scale: Sequence[str] = (),
 ) -> tuple[pm.Model, ODEModelLayout]:
     """The ODE model of partial observations as a ``pm.Model``.
 
@@ -98,6 +100,13 @@ def build_ode_model(
     dense_times : (D,) grid of the state deterministics (default 400 points over the data)
     x0_priors : priors of unknown latent initial values ``{state: (lower, upper) or callable}``
         (default: the prior entries of a mapping ``x0``); each is a free variable ``<state>_0``
+    log_scale : names of parameters with a Uniform(0, upper) prior that NUTS moves on the
+        log scale (PyMC's log transform) instead of the log-odds of the box. The prior is the
+        same; the sampling geometry changes: a product or ratio of rates that the data
+        determine (the banana of Lotka-Volterra with one state observed) becomes a straight
+        ridge, which a dense mass matrix follows. The box's upper bound becomes a hard
+        wall (a draw beyond it is rejected), so use it for parameters whose posterior stays
+        well below the bound (:func:`pgpgm.fit` picks them from the refinement).
 
     Returns
     -------
@@ -133,8 +142,21 @@ def build_ode_model(
     rows_obs, rows_dense = np.searchsorted(grid, t), np.searchsorted(grid, dense)
     integrator = Integrator(system, grid, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
+    log_scale = tuple(log_scale)
+    for name in log_scale:
+        spec = prior.specs[prior.names.index(name)] if name in prior.names else None
+        if spec is None or callable(spec) or spec[0] != 0.0:
+            raise DataError(f"log_scale names {name!r}: only parameters with a Uniform(0, upper) prior can be "
+                            "sampled on the log scale")
     with pm.Model(coords=coords) as model:
-        theta = prior.variables()
+        if log_scale:  # same Uniform priors; NUTS moves in log theta instead of the log-odds of the box
+            from pymc.distributions.transforms import log as log_transform
+
+            theta = pt.stack([pm.Uniform(n, lower=s[0], upper=s[1], default_transform=log_transform)
+                              if n in log_scale else (s(n) if callable(s) else pm.Uniform(n, lower=s[0], upper=s[1]))
+                              for n, s in zip(prior.names, prior.specs)])
+        else:
+            theta = prior.variables()
         first = {}
         for m, s in enumerate(obs.states):
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
@@ -246,7 +268,7 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
             full = np.diag(var)
             d = du[idx]
             full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
-            if np.all(np.linalg.eigvalsh(full) > 0):
+            if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
                 return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
     return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
@@ -264,6 +286,7 @@ def sample_posterior(
     seed: int | None = 0,
     nuts_sampler: str = "pymc",
     target_accept: float = 0.9,
+    max_rounds: int = 3,
     progressbar: bool = True,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables).
@@ -281,6 +304,19 @@ def sample_posterior(
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
         nutpie starts every chain from ``center`` and adapts its own mass matrix)
     target_accept : NUTS step-size target
+    max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
+        After a round whose draws fail a check of :func:`pgpgm.diagnostics.problems`
+        (R-hat > 1.01, ESS < 400, divergences), the next round continues every chain from
+        its last draw with a fixed dense mass matrix, the covariance of all chains' draws of
+        the round before (pooled, in the transformed space), a step-size target halfway to 1
+        (fewer divergences), and ``max(tune // 2, 100)`` tuning iterations (step size only).
+        Each chain alone adapts its mass matrix from its own few effective draws; pooled, the
+        chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
+        observed) that none covers alone. A later round runs ``draws`` to 4x ``draws``
+        iterations, as many as the previous round's min ESS says reach 1.2 x 400. The draws of the last
+        round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran. Only when
+        ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
+        that converges in the first round (FitzHugh-Nagumo) costs nothing more.
 
     Returns
     -------
@@ -290,6 +326,8 @@ def sample_posterior(
 
     if nuts_sampler not in ("pymc", "nutpie"):
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
+    if not (isinstance(max_rounds, int | np.integer) and max_rounds >= 1):
+        raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
     cores = min(chains, os.cpu_count() or 1) if cores is None else cores
     rng = np.random.default_rng(seed)
     space = ValueSpace(model)
@@ -302,7 +340,42 @@ def sample_posterior(
     starts = dispersed_starts(space, center, sd, chains, rng)
     step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
                    target_accept=target_accept)
-    return pm.sample(step=step, initvals=starts, **common)
+    tree = pm.sample(step=step, initvals=starts, **common)
+    names = [rv.name for rv in space.rvs if rv.ndim == 0]
+    rounds = 1
+    while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
+        diag = diagnose(tree, names)
+        if not problems(diag):
+            break
+        # the last round's ESS says how many draws reach the target (at least as many, at most 4x)
+        ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
+        n_draws = int(np.ceil(draws * float(np.clip(1.2 * ESS_MIN / max(ess, 1.0), 1.0, 4.0))))
+        post = tree.posterior
+        starts = [{rv.name: np.asarray(post[rv.name].values[c, -1], float) for rv in space.rvs}
+                  for c in range(post.sizes["chain"])]
+        target_accept = 1.0 - (1.0 - target_accept) / 2
+        step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
+                       target_accept=target_accept)
+        tree = pm.sample(step=step, initvals=starts,
+                         **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
+                            "random_seed": None if seed is None else seed + 1000 * rounds})
+        rounds += 1
+    tree.attrs["pgpgm_rounds"] = rounds
+    return tree
+
+
+def pooled_covariance(space: ValueSpace, posterior, max_points: int = 2000) -> np.ndarray:
+    """(K, K) covariance of the draws of every chain in ``posterior`` in PyMC's transformed
+    (value) space, in the order of ``space.model.value_vars``, shrunk towards 1e-3 I as
+    Stan does (n / (n + 5) C + 1e-3 5 / (n + 5) I) so that it stays positive definite."""
+    names = [space.model.values_to_rvs[v].name for v in space.model.value_vars]
+    vals = {n: np.asarray(posterior[n].values, float).reshape(-1) for n in names}
+    n_all = vals[names[0]].size
+    keep = np.unique(np.linspace(0, n_all - 1, min(n_all, max_points)).astype(int))
+    U = np.array([[float(pt_[v.name]) for v in space.model.value_vars]
+                  for pt_ in (space.point({n: vals[n][i] for n in names}) for i in keep)])
+    n = U.shape[0]
+    return n / (n + 5.0) * np.atleast_2d(np.cov(U.T)) + 1e-3 * 5.0 / (n + 5.0) * np.eye(U.shape[1])
 
 
 def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | None = 0):
@@ -342,3 +415,15 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
                         dims={s: ["time_dense"] for s in dense.system.states})
     tree.attrs["pgpgm_posterior"] = "laplace"
     return tree
+
+
+def log_scale_names(priors: Priors, theta, stderr, *, n_sd: float = 6.0) -> tuple[str, ...]:
+    """The parameters to sample on the log scale (see :func:`build_ode_model`): those with a
+    Uniform(0, upper) prior whose estimate ``theta`` (P,) plus ``n_sd`` standard errors
+    ``stderr`` (P,) (finite) stays below the upper bound, so that the log scale's hard wall
+    at the bound is far out in the posterior's tail."""
+    out = []
+    for name, spec, th, se in zip(priors.names, priors.specs, np.asarray(theta, float), np.asarray(stderr, float)):
+        if not callable(spec) and spec[0] == 0.0 and th > 0 and np.isfinite(se) and th + n_sd * se < spec[1]:
+            out.append(name)
+    return tuple(out)

@@ -312,50 +312,70 @@ def test_bad_refine_input_is_a_data_error(sum_decay, kwargs, fragment):
 
 
 # ----------------------------------------------------------------------------- slow: PT
-@pytest.mark.slow
-def test_protein_transduction_noise_unknown_reaches_the_maximum_likelihood(pt_model):
-    """The GP's sds on seed 1 are (0.0028, 0.0043, 0.0086, 0.205) for a true 0.01; the refinement
-    from them reaches the maximiser of the full likelihood over (theta, observed x0, 4 sds),
-    found independently by L-BFGS-B + Powell on the NLL with finite differences (~2 min)."""
-    from pgpgm.data import as_observations
-    from pgpgm.density import fit_gps
+def _pt_true_sd_optimum(integ, obs, idx, x0, sd, bounds, starts):
+    """Independent reference: the best of a multi-start of scipy's least_squares (finite-difference
+    Jacobian, not pgpgm's sensitivities) on the residuals scaled by the true sd, over theta (6) and
+    the observed states' initial values (4). Returns (best cost, its q, costs of every start)."""
+    n_theta = bounds.shape[0]
 
-    c = pt_model.case("R-latent")
-    ds = pt_model.simulate("R-latent", seed=1)
-    obs = as_observations(ds, list(c.observed), pt_model.system)
-    gp_sd = np.array([g.noise_sd for g in fit_gps(obs, c.kernel, seed=1)])
-    assert gp_sd.max() > 10 * gp_sd.min()  # the GP's mistake is there
-    idx = pt_model.system.index_of_states(list(c.observed))
-    integ = pgpgm.Integrator(pt_model.system, c.times, type(pgpgm.default_solver())(rtol=1e-11, atol=1e-11))
-    prob = LeastSquaresProblem(integ, obs.values, idx, gp_sd, c.x0, free_x0=idx)
-    res = refine(prob, c.theta, c.prior_bounds, estimate_noise=True)
-    assert res.success and res.undetermined == ()
-
-    N, free = len(c.times), np.isin(np.arange(5), idx)
-
-    def nll(p):
-        x0 = np.where(free, 0.0, c.x0)
-        x0[idx] = p[6:10]
+    def resid(q):
+        x0_ = np.array(x0, float)
+        x0_[idx] = q[n_theta:]
         try:
-            x = integ.solve(p[:6], x0)
+            x = integ.solve(q[:n_theta], x0_)[:, idx]
         except pgpgm.ODESolveError:
-            return 1e10
-        r = (x[:, idx] - obs.values) / np.exp(p[10:])
-        return 0.5 * np.sum(r**2) + N * p[10:].sum() + 0.5 * r.size * np.log(2 * np.pi)
+            return np.full(obs.values.size, 1e3)
+        return ((x - obs.values) / sd).ravel()
 
-    box = [(1e-6, 2.0)] * 6 + [(None, None)] * 8
-    q_true = np.r_[c.theta, c.x0[idx]]
-    rng = np.random.default_rng(0)
-    best = None
-    for start in (np.r_[q_true, np.log(np.full(4, 0.01))],
-                  np.r_[q_true * np.exp(0.2 * rng.standard_normal(10)), np.log(np.full(4, 0.02))]):
-        r = optimize.minimize(nll, start, method="L-BFGS-B", bounds=box,
-                              options={"maxiter": 5000, "maxfun": 100000, "ftol": 1e-15, "gtol": 1e-9})
-        r = optimize.minimize(nll, r.x, method="Powell", bounds=box, options={"xtol": 1e-10, "ftol": 1e-14})
-        best = r if best is None or r.fun < best.fun else best
-    # measured: nll equal to 1e-6, q to 1e-4 relative (the largest on x0[dS], whose value is ~0)
-    assert res.nll <= best.fun + 1e-6
-    np.testing.assert_allclose(res.q, best.x[:10], rtol=1e-3, atol=1e-6)
-    np.testing.assert_allclose(res.noise_sd, np.exp(best.x[10:]), rtol=1e-4)
-    x = integ.solve(res.theta, res.x0)[:, idx]
-    np.testing.assert_allclose(res.noise_sd, np.sqrt(np.mean((x - obs.values) ** 2, axis=0)), rtol=1e-7)
+    lo = np.r_[bounds[:, 0], np.full(len(idx), -np.inf)]
+    hi = np.r_[bounds[:, 1], np.full(len(idx), np.inf)]
+    costs, qs = [], []
+    for q0 in starts:
+        r = optimize.least_squares(resid, np.clip(q0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi), method="trf",
+                                   x_scale="jac", xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=4000)
+        costs.append(0.5 * float(np.sum(resid(r.x) ** 2)))
+        qs.append(r.x)
+    k = int(np.argmin(costs))
+    return costs[k], qs[k], costs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.xfail(
+    strict=True, reason="measured 2026-11-23: the refined point's cost with the true sd is 10547, the optimum's "
+                        "20.2 - the estimated-noise refinement ends in another optimum (issue 10, open)")), 2, 3, 4])
+def test_protein_transduction_noise_unknown_refined_point_is_the_true_sd_optimum(pt_model, seed):
+    """Issue 10: with the noise sds unknown (estimated with theta, the GP's sds only the start), the
+    refined point of the default fit is the optimum of the likelihood with the true noise sd
+    (0.01 for every state). Reference: an independent multi-start least-squares search with the
+    true sd (the truth and 7 random points of the prior box, theta (P,) and observed x0).
+    The refinement weights each state by its own estimated sd, so its optimum differs from the
+    equal-weight one by a little: measured cost excess 9.6e-4 / 1.0e-2 / 4.0e-3 relative on seeds
+    0 / 2 / 3 (every one of the 8 starts found the same optimum); asserted <= 2 %. Seed 1 misses
+    (cost 10547 against 20.2: xfail, a known defect); seed 4 was not measured (the run hit the
+    900 s timeout on the loaded machine)."""
+    c = pt_model.case("R-latent")
+    ds = pt_model.simulate("R-latent", seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = pgpgm.fit(pt_model.system, ds, c.observed, kernel=c.kernel, gamma=c.gamma, priors=pt_model.priors("R-latent"),
+                      tune=1500, draws=c.iterations - 1500, seed=seed, posterior=None, progressbar=False)
+    assert r.estimates.attrs["noise_estimated"] == 1
+    from pgpgm.data import as_observations
+
+    obs = as_observations(ds, list(c.observed), pt_model.system)
+    idx = list(pt_model.system.index_of_states(list(c.observed)))
+    integ = pgpgm.Integrator(pt_model.system, c.times, type(pgpgm.default_solver())(rtol=1e-11, atol=1e-11))
+    bounds = np.asarray(c.prior_bounds, float)
+    rng = np.random.default_rng(seed)
+    x0_obs = np.asarray(c.x0, float)[idx]
+    starts = [np.r_[c.theta, x0_obs]] + [np.r_[rng.uniform(bounds[:, 0], bounds[:, 1]), obs.values[0]] for _ in range(7)]
+    best, q_best, costs = _pt_true_sd_optimum(integ, obs, idx, c.x0, 0.01, bounds, starts)
+    x0_ref = r.estimates["x0"].values
+    x = integ.solve(r.theta, x0_ref)[:, idx]
+    cost_ref = 0.5 * float(np.sum(((x - obs.values) / 0.01) ** 2))
+    print(f"seed {seed}: cost at refined {cost_ref:.6g}, best of multi-start {best:.6g}, "
+          f"excess {cost_ref / best - 1:.3g}, starts {np.round(costs, 3)}")
+    assert cost_ref <= best * 1.02, (cost_ref, best)
+    # the two points are the same optimum: identifiable parameters agree to a few standard errors
+    np.testing.assert_allclose(r.theta[:4], q_best[:4], rtol=0.1)
