@@ -103,7 +103,7 @@ def test_fit_returns_a_converged_nuts_posterior_and_both_diagnostics(lv):
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
     r = pgpgm.fit(lv.system, ds, ["x1"], draws=300, tune=300, seed=1, progressbar=False, posterior_draws=300,
-                  posterior_tune=300, posterior_chains=2, cores=1)
+                  posterior_tune=300, posterior_chains=2, cores=1, stop="never")  # the whole step-2 budget
     post = r.posterior.posterior
     assert set(post.data_vars) >= {"theta1", "theta2", "theta3", "theta4", "x1_0", "sigma_x1", "x1", "x2"}
     assert post["x2"].dims == ("chain", "draw", "time_dense")  # latent states on the dense grid
