@@ -115,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="initial values of latent states; STATE=LOW:HIGH for an unknown one (a uniform prior)")
     f.add_argument("--fixed", nargs="+", default=[], metavar="PARAMETER=VALUE",
                    help="parameters held at known values (not estimated)")
+    f.add_argument("--lognormal", nargs="+", default=[], metavar="STATE",
+                   help="observed states with multiplicative (log-normal) measurement noise: every step on the log scale")
+    f.add_argument("--grid", nargs=3, default=None, metavar=("START", "STOP", "N"),
+                   help="the gradient-matching grid: N equally spaced times from START to STOP (they must span the "
+                        "data; the observation times are added); default: the observation times")
     f.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
     f.add_argument("--gamma", type=_real(), default=None, help="gradient-matching mismatch variance (default 0.3)")
     f.add_argument("--bounds", nargs=2, type=_finite, default=None, metavar=("LOWER", "UPPER"),
@@ -348,6 +353,19 @@ def _x0_arguments(items: list[str], states) -> dict[str, float]:
     return x0
 
 
+def _grid_argument(items: list[str] | None) -> np.ndarray | None:
+    """``--grid START STOP N`` as N equally spaced times, or None."""
+    if items is None:
+        return None
+    try:
+        start, stop, n = float(items[0]), float(items[1]), int(items[2])
+    except ValueError:
+        raise UsageError(f"--grid {' '.join(items)}: expected START STOP N, e.g. --grid 0 10 101") from None
+    if not (np.isfinite(start) and np.isfinite(stop) and start < stop and n >= 3):
+        raise UsageError(f"--grid {' '.join(items)}: START < STOP (finite) and N >= 3 are required")
+    return np.linspace(start, stop, n)
+
+
 def _fixed_arguments(items: list[str], parameters) -> dict[str, float]:
     fixed = {}
     for item in items:
@@ -377,8 +395,12 @@ def _fit(a) -> int:
         raise UsageError(f"--bounds {a.bounds[0]} {a.bounds[1]}: LOWER must be less than UPPER")
     if not a.data.is_file():
         raise UsageError(f"--data {a.data}: no such file")
+    unknown = [n for n in a.lognormal if n not in states]
+    if unknown:
+        raise UsageError(f"--lognormal {' '.join(unknown)}: not a state of the model {list(states)}")
+    grid = _grid_argument(a.grid)
     data = read_tidy_csv(a.data, states)
-    pgpgm.data.as_observations(data, a.observe, spec.system)  # >= 3 points per state etc., before the fit
+    pgpgm.data.as_observations(data, a.observe, spec.system, grid=grid)  # >= 3 points per state etc., before the fit
     if not x0 and np.isfinite(case.x0).any():
         x0 = {s: v for s, v in zip(states, case.x0) if np.isfinite(v)}
     priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
@@ -386,7 +408,8 @@ def _fit(a) -> int:
     result = _fit_or_fail(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
                           gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
                           tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
-                          progressbar=not a.no_progress, fixed=fixed or None, **_posterior_options(a))
+                          progressbar=not a.no_progress, fixed=fixed or None, grid=grid,
+                          noise={n: "lognormal" for n in a.lognormal} or None, **_posterior_options(a))
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
     return EXIT_OK
 
