@@ -161,10 +161,9 @@ def fit(
         if isinstance(k, str) and k not in KERNELS:
             raise DataError(f"unknown kernel {k!r}; built-in kernels are {sorted(KERNELS)}")
     obs = as_observations(data, observed, system, grid=grid)
-    for name, value in (("gamma", gamma), ("kernel", kernel)):
-        for v in per_state(value, obs.states, name):
-            if name == "gamma":
-                check_gamma(v)
+    per_state(kernel, obs.states, "kernel")  # a mapping names observed states only
+    for v in per_state(gamma, obs.states, "gamma"):
+        check_gamma(v)
     scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
     if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
         system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
@@ -348,7 +347,7 @@ def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[s
     """The refined optimum by the ODE model's variable names, and a spread for each: the
     refinement's standard errors of theta and the free initial values (10 % of the value
     where undetermined), sigma/sqrt(2N) for a noise sd."""
-    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+    se = _q_stderr(ref)
     center, sd = {}, {}
     idx = [list(layout.states).index(s) for s in initial_states]
     for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
@@ -361,9 +360,14 @@ def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[s
     return center, sd
 
 
+def _q_stderr(ref: Refinement) -> dict[str, float]:
+    """Standard errors of the refinement's unknowns by name (``theta`` names, ``x0[<state>]``)."""
+    return dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+
+
 def _x0_stderr(ref: Refinement, states) -> np.ndarray:
     """(S,) standard errors of the refined initial values (0 where the value was held fixed)."""
-    se = dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
+    se = _q_stderr(ref)
     return np.array([se.get(f"x0[{s}]", 0.0) for s in states])
 
 

@@ -149,14 +149,7 @@ def build_ode_model(
             raise DataError(f"log_scale names {name!r}: only parameters with a Uniform(0, upper) prior can be "
                             "sampled on the log scale")
     with pm.Model(coords=coords) as model:
-        if log_scale:  # same Uniform priors; NUTS moves in log theta instead of the log-odds of the box
-            from pymc.distributions.transforms import log as log_transform
-
-            theta = pt.stack([pm.Uniform(n, lower=s[0], upper=s[1], default_transform=log_transform)
-                              if n in log_scale else (s(n) if callable(s) else pm.Uniform(n, lower=s[0], upper=s[1]))
-                              for n, s in zip(prior.names, prior.specs)])
-        else:
-            theta = prior.variables()
+        theta = prior.variables(log_scale)  # same priors; NUTS moves log_scale ones in log theta
         first = {}
         for m, s in enumerate(obs.states):
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])

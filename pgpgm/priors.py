@@ -69,9 +69,17 @@ class Priors:
             return None
         return np.array(self.specs, float).reshape(-1, 2)
 
-    def variables(self) -> pt.TensorVariable:
-        """Create the prior variables in the current PyMC model; returns theta (P,)."""
+    def variables(self, log_scale: Sequence[str] = ()) -> pt.TensorVariable:
+        """Create the prior variables in the current PyMC model; returns theta (P,).
+
+        ``log_scale`` names Uniform(0, upper) parameters whose samplers move in log theta
+        (PyMC's log transform) instead of the log-odds of the box; the prior is the same.
+        """
         if not self.names:
             return pt.zeros(0)
-        return pt.stack([s(n) if callable(s) else pm.Uniform(n, lower=s[0], upper=s[1])
+        from pymc.distributions.transforms import log as log_transform
+
+        return pt.stack([s(n) if callable(s) else
+                         pm.Uniform(n, lower=s[0], upper=s[1],
+                                    **({"default_transform": log_transform} if n in log_scale else {}))
                          for n, s in zip(self.names, self.specs)])
