@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-import xarray as xr
 
 from .data import Observations, as_observations, check_gamma, initial_value_priors, initial_values, noise_levels
 from .errors import DataError
@@ -188,19 +187,25 @@ class GradientMatchingDensity:
             f = system.pytensor_rhs(pt.constant(t), xs, theta)
             gp_terms, gm_terms = [], []
             for m, k in enumerate(self.terms):
+                # the data, noise sd and GP matrices enter as pm.Data, not constants: the graph is
+                # then the same for every data set of a model (same grid), so its compiled code
+                # (PyTensor's numba cache, in memory and on disk) serves them all
                 g = k.matching
-                dx = xs[k.name] - g.mean
-                gp_terms.append(-0.5 * pt.dot(dx, pt.dot(pt.constant(g.C_precision), dx)))
+                mean, C_prec, D, P, sd = (pm.Data(f"_{what}_{k.name}", np.asarray(v, float)) for what, v in (
+                    ("gp_mean", g.mean), ("gp_C_precision", g.C_precision), ("gp_D", g.D),
+                    ("grad_precision", k.grad_precision), ("noise_sd", k.noise_sd)))
+                dx = xs[k.name] - mean
+                gp_terms.append(-0.5 * pt.dot(dx, pt.dot(C_prec, dx)))
                 if self.obs.complete:
-                    pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=k.noise_sd, observed=self.obs.values[:, m],
-                              dims="time")
+                    y = pm.Data(f"_y_{k.name}", self.obs.values[:, m], dims="time")
+                    pm.Normal(f"y_{k.name}", mu=xs[k.name], sigma=sd, observed=y, dims="time")
                 else:  # the observation term only where the state is measured
                     rows = self.obs.rows(m)
                     model.add_coord(f"time_{k.name}", t[rows])
-                    pm.Normal(f"y_{k.name}", mu=xs[k.name][rows], sigma=k.noise_sd, observed=self.obs.values[rows, m],
-                              dims=f"time_{k.name}")
-                r = f[k.index] - pt.dot(pt.constant(g.D), dx)
-                gm_terms.append(-0.5 * pt.dot(r, pt.dot(pt.constant(k.grad_precision), r)))
+                    y = pm.Data(f"_y_{k.name}", self.obs.values[rows, m], dims=f"time_{k.name}")
+                    pm.Normal(f"y_{k.name}", mu=xs[k.name][rows], sigma=sd, observed=y, dims=f"time_{k.name}")
+                r = f[k.index] - pt.dot(D, dx)
+                gm_terms.append(-0.5 * pt.dot(r, pt.dot(P, r)))
             pm.Potential("gp_prior", pt.sum(pt.stack(gp_terms)))
             gm_total = pt.sum(pt.stack(gm_terms))
             if self.latent:  # a failed latent-state solve is a -inf density, i.e. a rejected proposal

@@ -133,7 +133,7 @@ def test_masked_density_equals_numpy(lv, latent_target, observed):
     X = np.zeros((density.obs.times.size, 2))
     X[:, list(density.observed_idx)] = density.gp_posterior_means() + 0.05 * rng.standard_normal(
         (density.obs.times.size, len(observed)))
-    lp, _, _ = target.evaluate(theta, X)
+    lp, _, _ = target.evaluate_model(theta, X)
     prior = 4 * -np.log(10.0)
     np.testing.assert_allclose(lp - prior, _numpy_density(density, theta, X), rtol=1e-7)
     # the sampler's split of the density (O(N) state part) agrees with the compiled model
@@ -154,7 +154,7 @@ def test_sweeps_with_missing_values_keep_the_density_exact(latent_target, scheme
     rng = np.random.default_rng(4)
     for _ in range(15):
         state, _ = sch.step(rng, state, params, target)
-    np.testing.assert_allclose(state.logp, target.evaluate(state.q, state.X)[0], rtol=1e-9)
+    np.testing.assert_allclose(state.logp, target.evaluate_model(state.q, state.X)[0], rtol=1e-9)
 
 
 def test_masked_refinement_and_posterior_likelihood_equal_numpy(lv):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from scipy import linalg
+from scipy.linalg import lapack
 
 from .target import GradientMatchingTarget
 
@@ -38,21 +38,24 @@ class ConditionalGaussian:
 
     free : (K,) flat indices m * N + i of the free values (state m, time i) of the
     observed-state matrix transposed, X[:, obs].T; mean : (K,); chol : (K, K) lower
-    Cholesky factor of the precision Lambda.
+    Cholesky factor of the precision Lambda; log_norm : its normalising constant,
+    sum(log diag(chol)) - K/2 log(2 pi).
     """
 
     free: np.ndarray
     mean: np.ndarray
     chol: np.ndarray
+    log_norm: float
 
     def logpdf(self, x: np.ndarray) -> float:
         """log density at x (K,)."""
         v = self.chol.T @ (x - self.mean)
-        return float(-0.5 * v @ v + np.log(np.diag(self.chol)).sum() - 0.5 * x.size * np.log(2 * np.pi))
+        return float(-0.5 * v @ v + self.log_norm)
 
     def draw(self, normals: np.ndarray) -> np.ndarray:
         """The draw mean + L^-T e for standard normals e (K,)."""
-        return self.mean + linalg.solve_triangular(self.chol, normals, lower=True, trans="T", check_finite=False)
+        # LAPACK directly: scipy.linalg's wrappers cost more than this K x K solve
+        return self.mean + lapack.dtrtrs(self.chol, normals, lower=1, trans=1)[0]
 
     def values(self, X: np.ndarray, obs_idx) -> np.ndarray:
         """The free values (K,) of states X (N, S)."""
@@ -84,36 +87,70 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     F = d.system.rhs_on_grid(d.obs.times, Xbar, theta)
     J = np.zeros((N, d.system.n_states, d.system.n_states))  # jac_x writes only the nonzero entries
     d.system.compiled.jacobian_on_grid(d.obs.times, np.ascontiguousarray(Xbar, float), np.asarray(theta, float), J)
-    j = J[:, obs][:, :, obs]  # (N, M, M): d f_{obs m} / d x_{obs l}
-    lam = np.zeros((M, N, M, N))
-    b = a.lin.copy()
-    for m in range(M):
-        lam[m, :, m, :] += a.Cinv[m] + np.diag(a.obs_precision[m])
-    xbar = Xbar[:, obs]
-    for m in range(M):  # the gradient-matching term of state m
-        am = F[:, obs[m]] - np.sum(j[:, m, :] * xbar, axis=1) + a.Dmu[m]
-        pa = a.P[m] @ am
-        for l1 in range(M):
-            for l2 in range(M):
-                block = a.P[m] * np.outer(j[:, m, l1], j[:, m, l2])
-                if l1 == m:
-                    block -= a.PDt[m] * j[None, :, m, l2]
-                if l2 == m:
-                    block -= a.PDt[m].T * j[:, m, l1, None]
-                if l1 == m and l2 == m:
-                    block += a.DtPD[m]
-                lam[l1, :, l2, :] += block
-            b[l1] -= j[:, m, l1] * pa
-        b[m] += a.Dt[m] @ pa
+    j = np.ascontiguousarray(J[:, obs][:, :, obs])  # (N, M, M): d f_{obs m} / d x_{obs l}
+    xbar = np.ascontiguousarray(Xbar[:, obs])
+    lam, b = _precision_and_linear_term(np.ascontiguousarray(F[:, obs]), j, xbar, a.Cinv, a.obs_precision, a.P,
+                                        a.PDt, a.DtPD, a.Dt, a.lin, a.Dmu)
     i0 = 1 if a.lat_idx.size else 0  # the values at times[0] are the solve's initial values: fixed
     K = M * (N - i0)
     rhs = b[:, i0:].reshape(K)
     if i0:
         rhs = rhs - lam[:, 1:, :, 0].reshape(K, M) @ xbar[0]
-    chol = np.linalg.cholesky(lam[:, i0:, :, i0:].reshape(K, K))
-    mean = linalg.cho_solve((chol, True), rhs, check_finite=False)
+    chol, info = lapack.dpotrf(lam[:, i0:, :, i0:].reshape(K, K), lower=1, clean=1)
+    if info != 0:
+        raise np.linalg.LinAlgError("the precision of the observed states is not positive definite")
+    mean = lapack.dpotrs(chol, rhs, lower=1)[0]
     free = free_indices(N, M, bool(i0))
-    return ConditionalGaussian(free, mean, chol)
+    return ConditionalGaussian(free, mean, chol, float(np.log(np.diagonal(chol)).sum() - 0.5 * K * np.log(2 * np.pi)))
+
+
+@numba.njit(cache=True)
+def _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu):
+    """Lambda (M, N, M, N) and b (M, N) of the Gaussian over all observed-state values (the
+    module docstring): f linearised about xbar (N, M) with f there Fo (N, M) and
+    j (N, M, M) = d f_{obs m} / d x_{obs l}; the other inputs are the
+    :class:`~pgpgm.sampling.target.SweepArrays` of the same names. Loops, not small numpy
+    calls: this runs once per block proposal."""
+    M, N = Cinv.shape[0], Cinv.shape[1]
+    lam = np.zeros((M, N, M, N))
+    b = lin.copy()
+    for m in range(M):  # GP prior and likelihood
+        for i in range(N):
+            for k in range(N):
+                lam[m, i, m, k] = Cinv[m, i, k]
+            lam[m, i, m, i] += obs_precision[m, i]
+    am, pa = np.empty(N), np.empty(N)
+    for m in range(M):  # the gradient-matching term of state m: r = a + G x, precision P[m]
+        for i in range(N):
+            s = Fo[i, m] + Dmu[m, i]
+            for l in range(M):
+                s -= j[i, m, l] * xbar[i, l]
+            am[i] = s
+        for i in range(N):
+            s = 0.0
+            for k in range(N):
+                s += P[m, i, k] * am[k]
+            pa[i] = s
+        for l1 in range(M):
+            for l2 in range(M):
+                for i in range(N):
+                    for k in range(N):
+                        v = P[m, i, k] * j[i, m, l1] * j[k, m, l2]
+                        if l1 == m:
+                            v -= PDt[m, i, k] * j[k, m, l2]
+                        if l2 == m:
+                            v -= PDt[m, k, i] * j[i, m, l1]
+                        if l1 == m and l2 == m:
+                            v += DtPD[m, i, k]
+                        lam[l1, i, l2, k] += v
+            for i in range(N):
+                b[l1, i] -= j[i, m, l1] * pa[i]
+        for i in range(N):
+            s = 0.0
+            for k in range(N):
+                s += Dt[m, i, k] * pa[k]
+            b[m, i] += s
+    return lam, b
 
 
 @numba.njit(cache=False)

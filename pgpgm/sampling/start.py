@@ -44,7 +44,9 @@ class Starts:
         if isinstance(init, str) and init == "prior-median":
             return self.median
         if isinstance(init, str) and init == "prior":
-            draws = pm.draw([self.target.prior_model[p] for p in self.names], random_seed=rng)
+            # a handful of draws: PyTensor's Python backend compiles in milliseconds (the numba
+            # backend takes seconds on a cold cache) and draws the same numbers
+            draws = pm.draw([self.target.prior_model[p] for p in self.names], random_seed=rng, mode="FAST_COMPILE")
             return np.array([float(v) for v in draws])
         if isinstance(init, str) and init == "map":
             mode = self._mode()

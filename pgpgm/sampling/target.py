@@ -115,17 +115,24 @@ class GradientMatchingTarget:
         self.density = density
         self.space = space
         self.model = density.model() if model is None else model
-        _refuse_state_terms(density, self.model)
+        if model is not None:  # the density's own model has no other terms by construction
+            _refuse_state_terms(density, self.model)
         m = remove_value_transforms(self.model) if space == "constrained" else self.model
         params = [m[p] for p in (*density.system.parameters, *density.x0_priors.names)]
-        outs = [m.logp(), *m.replace_rvs_by_values(params)]
-        if density.latent:
-            outs += m.replace_rvs_by_values([m[n] for n in density.latent])
         self.prior_model = m
         self.coordinate_names = [m.rvs_to_values[v].name for v in params]
-        self._fn = m.compile_fn(outs, point_fn=True)
         self.arrays = SweepArrays.from_density(density)
         self.n_logp_evals = 0
+
+    @cached_property
+    def log_density_function(self):
+        """The model's whole log density, the parameters and the latent states, compiled on
+        first use (:meth:`evaluate_model`; the samplers evaluate by parts, :meth:`evaluate`)."""
+        m, d = self.prior_model, self.density
+        outs = [m.logp(), *m.replace_rvs_by_values([m[p] for p in (*d.system.parameters, *d.x0_priors.names)])]
+        if d.latent:
+            outs += m.replace_rvs_by_values([m[n] for n in d.latent])
+        return m.compile_fn(outs, point_fn=True)
 
     @cached_property
     def parameter_function(self):
@@ -139,7 +146,11 @@ class GradientMatchingTarget:
                 *m.replace_rvs_by_values([m[p] for p in (*d.system.parameters, *d.x0_priors.names)])]
         if d.latent:
             outs += m.replace_rvs_by_values([m[n] for n in d.latent])
-        return m.compile_fn(outs, point_fn=True)
+        fn = m.compile_fn(outs, point_fn=True)
+        # called once per proposal with float64 arrays built here (:meth:`point`): skip PyTensor's
+        # per-call input checks, a third of the call's cost on small models
+        fn.f.trust_input = True
+        return fn
 
     @cached_property
     def log_normaliser(self) -> float:
@@ -159,7 +170,7 @@ class GradientMatchingTarget:
         if latent:
             point = self.point(q, X)
         else:  # no solve: the parameters alone
-            point = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
+            point = {n: np.asarray(v, dtype=np.float64) for n, v in zip(self.coordinate_names, q)}
         out = self.parameter_function(point)
         P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
@@ -192,20 +203,34 @@ class GradientMatchingTarget:
             elif hasattr(tr, "get_a_and_b"):
                 lo, _, bounded, _ = tr.get_a_and_b(rv.owner.inputs)
                 if bounded:
-                    out[j] = float(lo.eval())
+                    out[j] = float(lo.eval(mode="FAST_COMPILE"))  # a constant: no compiled code needed
         return out
 
     def point(self, q, X) -> dict[str, Any]:
         """The model point at parameter coordinates q (P,) and states X (N, S)."""
         d = self.density
-        pt_ = {n: np.asarray(v) for n, v in zip(self.coordinate_names, q)}
-        pt_.update({n: X[:, k].copy() for n, k in zip(d.obs.states, d.observed_idx)})
+        pt_ = {n: np.asarray(v, dtype=np.float64) for n, v in zip(self.coordinate_names, q)}
+        pt_.update({n: np.array(X[:, k], dtype=np.float64) for n, k in zip(d.obs.states, d.observed_idx)})
         return pt_
 
     def evaluate(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
-        """Full model log density, parameters (P,) and latent states (N, L) at q (P,) and X (N, S)."""
+        """Full log density, parameters (P,) and latent states (N, L) at q (Q,) and X (N, S; the
+        latent columns are not read): :meth:`parameter_part` (one ODE solve) plus
+        :meth:`state_part`. It equals :meth:`evaluate_model` up to rounding and needs no
+        compiled graph of the N x N terms."""
+        lp_par, theta, lat = self.parameter_part(q, X)
+        if not np.isfinite(lp_par):
+            return -np.inf, theta, lat
+        if lat is not None:
+            X = X.copy()
+            X[:, self.arrays.lat_idx] = lat
+        lp = lp_par + self.state_part(X, self.density.statistics(theta, X))
+        return (lp if np.isfinite(lp) else -np.inf), theta, lat
+
+    def evaluate_model(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """:meth:`evaluate` through the model's compiled log density (:attr:`log_density_function`)."""
         self.n_logp_evals += 1
-        out = self._fn(self.point(q, X))
+        out = self.log_density_function(self.point(q, X))
         P, Q = self.density.system.n_parameters, len(self.coordinate_names)
         theta = np.array([float(v) for v in out[1 : P + 1]])
         lat = np.column_stack(out[Q + 1 :]) if self.density.latent else None

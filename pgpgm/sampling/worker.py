@@ -21,7 +21,6 @@ exits.
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from multiprocessing.connection import Connection
 
