@@ -178,8 +178,9 @@ def fit_gp(
         for 2 of 8 seeds. After the ``n_starts`` starts, further uniform starts are made,
         one at a time, while the best optimum has been reached by only one start (within
         1e-3 nats) or explains the series no better than white noise with the data's
-        variance (within 1 nat of -log N(z | 0, I)), until ``max_starts``. A fit whose
-        best optimum the first starts reach twice is unchanged.
+        variance (within 1 nat of -log N(z | 0, I)), until ``max_starts``; an extra start
+        replaces the best fit only when it reaches another optimum. A fit whose best optimum
+        the first starts reach twice, or that the extra starts only confirm, is unchanged.
     seed : seed of the random starts
     bounds : (H[+1], 2) bounds of log-hyperparameters (and log noise) for the
         standardised series, overriding the kernel's.
@@ -217,14 +218,19 @@ def fit_gp(
     starts = [guess] + [rng.uniform(b[:, 0], b[:, 1]) for _ in range(max(n_starts, 1) - 1)]
     # -log N(z | 0, I) (z standardised, so z @ z = N): a fit no better than this has found no signal
     white_noise = 0.5 * t.size * (1.0 + np.log(2 * np.pi))
-    max_starts = 4 * len(starts) if max_starts is None else max_starts
+    first = len(starts)
+    max_starts = 4 * first if max_starts is None else max_starts
     fits: list = []
     workspace: list = []
     with limit_blas_threads(blas_threads):
         while starts:
-            fits.append(optimize.minimize(negative_log_marginal_likelihood, starts.pop(0),
-                                          args=(kernel, t, z, fixed, workspace), jac=True, method="L-BFGS-B", bounds=b))
-            best = min(fits, key=lambda r: r.fun)  # the first of equal ones, as before
+            res = optimize.minimize(negative_log_marginal_likelihood, starts.pop(0), args=(kernel, t, z, fixed, workspace),
+                                    jac=True, method="L-BFGS-B", bounds=b)
+            # the lowest of the first starts; an extra start replaces it only with another optimum (so
+            # that a start confirming the best optimum leaves the fit bit for bit as it was)
+            if not fits or res.fun < best.fun - (_SAME_NATS if len(fits) >= first else 0.0):
+                best = res
+            fits.append(res)
             confirmed = sum(r.fun <= best.fun + _SAME_NATS for r in fits) >= 2
             if not starts and len(fits) < max_starts and (not confirmed or best.fun > white_noise - _SIGNAL_NATS):
                 starts.append(rng.uniform(b[:, 0], b[:, 1]))  # the best optimum is not confirmed yet: one more start
