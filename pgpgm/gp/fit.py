@@ -171,16 +171,17 @@ def fit_gp(
     noise_sd : known noise sd (state units); fitted when None (bounds 1 % to 100 % of the data sd)
     n_starts : optimiser starts (the first from the kernel's guess, the rest uniform in the log bounds)
     max_starts : most starts in all, default ``4 * n_starts`` (``n_starts`` are always
-        made). The marginal likelihood can have several optima, and the no-signal one (kernel variance at its lower bound,
-        noise sd at the data sd) or an over-smoothed one can have the larger basin: with the
-        sigmoid kernel on protein transduction's Rpp about half of the uniform starts, and
-        the kernel's guess, end there, so 5 starts missed the best optimum (by 22-24 nats)
-        for 2 of 8 seeds. After the ``n_starts`` starts, further uniform starts are made,
-        one at a time, while the best optimum has been reached by only one start (within
-        1e-3 nats) or explains the series no better than white noise with the data's
-        variance (within 1 nat of -log N(z | 0, I)), until ``max_starts``; an extra start
-        replaces the best fit only when it reaches another optimum. A fit whose best optimum
-        the first starts reach twice, or that the extra starts only confirm, is unchanged.
+        made). The marginal likelihood can have several optima, and the no-signal one
+        (kernel variance at its lower bound, noise sd at the data sd) or an over-smoothed one
+        can have the larger basin: with the sigmoid kernel on protein transduction's Rpp the
+        kernel's guess and about half of the uniform starts end there, and with seed 4 all 5
+        starts missed the best optimum (by 22-28 nats on each of data seeds 0-4). After the
+        ``n_starts`` starts, further uniform starts are made, one at a time, while the best
+        optimum has been reached by only one start (within 1e-3 nats) or explains the series
+        no better than white noise with the data's variance (within 1 nat of
+        -log N(z | 0, I)), until ``max_starts``; an extra start replaces the best fit only
+        when it reaches another optimum. A fit whose best optimum the first starts reach
+        twice, or that the extra starts only confirm, is unchanged.
     seed : seed of the random starts
     bounds : (H[+1], 2) bounds of log-hyperparameters (and log noise) for the
         standardised series, overriding the kernel's.
@@ -224,8 +225,8 @@ def fit_gp(
     workspace: list = []
     with limit_blas_threads(blas_threads):
         while starts:
-            res = optimize.minimize(negative_log_marginal_likelihood, starts.pop(0), args=(kernel, t, z, fixed, workspace),
-                                    jac=True, method="L-BFGS-B", bounds=b)
+            res = optimize.minimize(negative_log_marginal_likelihood, starts.pop(0),
+                                    args=(kernel, t, z, fixed, workspace), jac=True, method="L-BFGS-B", bounds=b)
             # the lowest of the first starts; an extra start replaces it only with another optimum (so
             # that a start confirming the best optimum leaves the fit bit for bit as it was)
             if not fits or res.fun < best.fun - (_SAME_NATS if len(fits) >= first else 0.0):
