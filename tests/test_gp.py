@@ -148,6 +148,67 @@ def test_fit_recovers_hyperparameters_of_gp_draws():
     assert np.median(noise) == pytest.approx(0.1, rel=0.25)
 
 
+def _sigmoid_lml_reference(t, y, n_starts=20):
+    """Independent reference for the sigmoid kernel's fit: the log marginal likelihood written
+    out with numpy (no pgpgm code), maximised over log (v, c, d, noise) of the
+    standardised series within the kernel's bounds from ``n_starts`` uniform starts (L-BFGS-B
+    with finite differences). Returns the best log marginal likelihood in the data's units."""
+    scale = y.std()
+    z = (y - y.mean()) / scale
+    a, b = np.meshgrid(t, t, indexing="ij")
+
+    def nll(logp):  # -log N(z | 0, K): Cholesky written out
+        v, c, d, s = np.exp(logp)
+        K = v * np.arcsin((c + d * a * b) / np.sqrt((c + d * a**2 + 1) * (c + d * b**2 + 1))) + s**2 * np.eye(t.size)
+        try:
+            L = np.linalg.cholesky(K)
+        except np.linalg.LinAlgError:
+            return 1e10
+        w = np.linalg.solve(L, z)
+        return 0.5 * w @ w + np.log(np.diag(L)).sum() + 0.5 * t.size * np.log(2 * np.pi)
+
+    bounds = np.log([[1e-2, 1e2], [1e-6, 1e4], [1e-6, 1e4], [1e-2, 1.0]])  # sigmoid kernel + noise, standardised
+    rng = np.random.default_rng(2026)
+    best = min(optimize.minimize(nll, rng.uniform(bounds[:, 0], bounds[:, 1]), method="L-BFGS-B", bounds=bounds).fun
+               for _ in range(n_starts))
+    return -best - t.size * np.log(scale)
+
+
+@pytest.mark.parametrize("data_seed", [0, 1])
+def test_fit_does_not_stop_in_the_no_signal_optimum(pt_model, data_seed):
+    """Issue 10: on protein transduction's Rpp (sigmoid kernel) the kernel's guess and about half
+    of the uniform starts end in the no-signal optimum (noise sd = data sd) or an over-smoothed
+    one; with seed 4 all 5 first starts missed the best optimum, which sent the whole fit (GP
+    seed 1 + 3 for Rpp) to a wrong least-squares optimum. The extra starts reach the best of 20
+    independent starts (numpy/scipy likelihood); limited to the 5 first starts (the behaviour
+    before) the fit is measured 24.3 / 27.7 nats worse on data seeds 0 / 1."""
+    ds = pt_model.simulate("R-latent", seed=data_seed)
+    t, y = ds["time"].values, ds["y"].sel(observed="Rpp").values
+    reference = _sigmoid_lml_reference(t, y)
+    fit = fit_gp(t, y, "sigmoid", seed=4)
+    assert fit.log_marginal_likelihood == pytest.approx(reference, abs=1e-3)
+    assert fit.noise_sd < 0.05 * y.std()  # the true sd is 0.01, the data sd 0.2
+    first_five = fit_gp(t, y, "sigmoid", seed=4, max_starts=5)
+    assert first_five.log_marginal_likelihood < reference - 20
+
+
+def test_extra_starts_leave_confirmed_fits_unchanged(all_models):
+    """The extra starts run only when the first 5 do not reach the best optimum twice: on the
+    published Lotka-Volterra and FitzHugh-Nagumo data (seeds 0-4) every fit is bit for bit the
+    fit of the first 5 starts (measured 2026-11-23: there the first 5 starts always reach the
+    best optimum at least twice, so no extra start is made and step 1 costs what it cost)."""
+    for model, case_name in [("lotka-volterra", "x1-observed"), ("lotka-volterra", "x2-observed"),
+                             ("fitzhugh-nagumo", "V-observed"), ("fitzhugh-nagumo", "R-observed")]:
+        spec = all_models[model]
+        c = spec.case(case_name)
+        for seed in range(5):
+            ds = spec.simulate(case_name, seed=seed)
+            for s in c.observed:
+                t, y = ds["time"].values, ds["y"].sel(observed=s).values
+                a, b = fit_gp(t, y, c.kernel, seed=seed), fit_gp(t, y, c.kernel, seed=seed, max_starts=5)
+                assert np.array_equal(a.hyper, b.hyper) and a.noise_sd == b.noise_sd, (model, case_name, seed, s)
+
+
 def _analytic_rbf(t, v, l):
     r = t[:, None] - t[None, :]
     e = np.exp(-0.5 * r**2 / l**2)
