@@ -1,15 +1,27 @@
-"""GP fit at N = 1000 (issue 12, item 3): the kernel matrices kept in a workspace across the
-optimiser's evaluations against fresh matrices per evaluation (the code before), side by side in
-one process, three alternating rounds; same data as gp_fit.py (noisy sine, sd 0.1, on [0, 10],
-2 starts, seed 0), BLAS on one thread. CPU seconds (process time) per fit, and where one
-evaluation's time goes.
+"""GP fit at N = 1000 (issue 12, item 3): the current code against the code before, side by side.
 
-    ./run.sh bench gp_n1000            (or: .venv/bin/python benchmarks/gp_n1000.py)
+"before" is pgpgm/gp (kernels.py, fit.py, linalg.py) as of commit BEFORE, read with ``git show``
+into a private package in one process (imports of the rest of pgpgm point at the current tree);
+"now" is the working tree. Same data as gp_fit.py (noisy sine, sd 0.1, on [0, 10], 2 starts, seed
+0), BLAS on one thread, three alternating rounds. CPU seconds (process time) per fit, likelihood
+evaluations per fit (counted in a separate untimed fit), the maximised log marginal likelihood of
+both, and where one evaluation's time goes (kernel matrices, potrf, potri).
+
+    ./run.sh bench gp_n1000            (or: cd benchmarks && python gp_n1000.py)
+    cd benchmarks && python gp_n1000.py --n 5000 --rounds 1 --now-only    (time at N = 5000)
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from scipy.linalg import lapack
@@ -19,18 +31,46 @@ from _common import write
 from pgpgm.gp import KERNELS, fit_gp
 from pgpgm.gp import fit as gpfit
 
-N = 1000
-rng = np.random.default_rng(0)
-t = np.linspace(0, 10, N)
-y = np.sin(t) + 0.1 * rng.standard_normal(N)
-original = gpfit.negative_log_marginal_likelihood
+BEFORE = "72b1b99"  # main before branch gpfast: 102 evaluations and 3.55 s for the sigmoid fit (RESULTS.md)
 
 
-def fresh_matrices(logp, kernel, t, z, fixed, workspace=None):  # the code before: no workspace
-    return original(logp, kernel, t, z, fixed)
+def load_before(commit: str):
+    """pgpgm.gp.fit of ``commit`` as a module of a private package (relative imports of pgpgm made absolute)."""
+    root = Path(__file__).resolve().parents[1]
+    pkg = Path(tempfile.mkdtemp()) / "gp_before"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("kernels", "fit", "linalg"):
+        src = subprocess.run(["git", "-C", str(root), "show", f"{commit}:pgpgm/gp/{name}.py"], check=True,
+                             capture_output=True, text=True).stdout
+        (pkg / f"{name}.py").write_text(re.sub(r"from \.\.(\w)", r"from pgpgm.\1", src))
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module("gp_before.fit")
 
 
-def cpu(fn, repeat=20):
+def same_starts(label: str) -> dict:
+    """The current fit makes extra starts while its best optimum is unconfirmed (``max_starts``);
+    pinned to the 2 starts the code before makes, so both fit the same starts."""
+    return {} if label == "before" else {"max_starts": 2}
+
+
+def count_evaluations(module, *args, **kw) -> int:
+    """Likelihood evaluations of one fit with ``module`` (its negative_log_marginal_likelihood wrapped)."""
+    original, n = module.negative_log_marginal_likelihood, [0]
+
+    def counted(*a):
+        n[0] += 1
+        return original(*a)
+
+    module.negative_log_marginal_likelihood = counted
+    try:
+        module.fit_gp(*args, **kw)
+    finally:
+        module.negative_log_marginal_likelihood = original
+    return n[0]
+
+
+def cpu(fn, repeat=10):
     fn()
     c = time.process_time()
     for _ in range(repeat):
@@ -38,35 +78,64 @@ def cpu(fn, repeat=20):
     return (time.process_time() - c) / repeat
 
 
-rows = []
-for name in ("sigmoid", "matern52", "rbf"):
-    fit_gp(t[:30], y[:30], name, n_starts=1)  # compile/warm up outside the timings
-    times = {"fresh": [], "workspace": []}
-    fits = {}
-    for _ in range(3):
-        for label in ("fresh", "workspace"):
-            gpfit.negative_log_marginal_likelihood = fresh_matrices if label == "fresh" else original
-            c0 = time.process_time()
-            fits[label] = fit_gp(t, y, name, n_starts=2, max_starts=2, seed=0)
-            times[label].append(time.process_time() - c0)
-    gpfit.negative_log_marginal_likelihood = original
-    a, b = fits["fresh"], fits["workspace"]
-    diff = max(np.max(np.abs(a.hyper / b.hyper - 1)), abs(a.noise_sd / b.noise_sd - 1))
-    k = KERNELS[name]
-    h = b.hyper / np.array([b.scale**2 if hp.kind == "variance" else 1.0 for hp in k.hyperparameters])
-    with threadpool_limits(1):
-        ws: list = []
-        t_kernel_fresh = cpu(lambda: k.cov_with_hyper_grads(t, h, checked=True, lower=True))
-        t_kernel_ws = cpu(lambda: k.cov_with_hyper_grads(t, h, checked=True, lower=True, workspace=ws))
-        K = k.cov(t, t, h) + 0.01 * np.eye(N)
-        t_potrf = cpu(lambda: lapack.dpotrf(K.T, lower=0, clean=1))
-        U, _ = lapack.dpotrf(K.T, lower=0, clean=1)
-        t_potri = cpu(lambda: lapack.dpotri(U, lower=0))
-    rows.append({"kernel": name, "fresh_cpu_s (3 rounds)": " ".join(f"{v:.2f}" for v in times["fresh"]),
-                 "workspace_cpu_s (3 rounds)": " ".join(f"{v:.2f}" for v in times["workspace"]),
-                 "ratio_median": float(np.median(times["workspace"]) / np.median(times["fresh"])),
-                 "max_rel_diff_hyper_noise": float(diff),
-                 "kernel_eval_ms fresh/workspace": f"{1e3 * t_kernel_fresh:.1f} / {1e3 * t_kernel_ws:.1f}",
-                 "potrf_ms": 1e3 * t_potrf, "potri_ms": 1e3 * t_potri})
-    print(rows[-1], flush=True)
-write("gp_n1000", rows, "## GP fit at N = 1000: kernel matrices reused across evaluations (CPU seconds)")
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--now-only", action="store_true", help="time the current code only (no 'before')")
+    ap.add_argument("--kernels", nargs="+", default=["sigmoid", "matern52", "rbf"])
+    args = ap.parse_args()
+    N = args.n
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 10, N)
+    y = np.sin(t) + 0.1 * rng.standard_normal(N)
+    modules = {"now": gpfit} if args.now_only else {"before": load_before(BEFORE), "now": gpfit}
+    load0 = os.getloadavg()[0]
+    rows = []
+    for name in args.kernels:
+        kernels = {label: m.get_kernel(name) for label, m in modules.items()}
+        for label, m in modules.items():
+            m.fit_gp(t[:30], y[:30], kernels[label], n_starts=1, **same_starts(label))  # compile/warm up
+        times = {label: [] for label in modules}
+        fits = {}
+        for _ in range(args.rounds):
+            for label, m in modules.items():
+                c0 = time.process_time()
+                fits[label] = m.fit_gp(t, y, kernels[label], n_starts=2, seed=0, **same_starts(label))
+                times[label].append(time.process_time() - c0)
+        evals = {label: count_evaluations(m, t, y, kernels[label], n_starts=2, seed=0, **same_starts(label))
+                 if N <= 2000 else None
+                 for label, m in modules.items()}
+        now = fits["now"]
+        row = {"kernel": name}
+        for label in modules:
+            row[f"{label} CPU s"] = " ".join(f"{v:.2f}" for v in times[label])
+        if "before" in modules:
+            old = fits["before"]
+            row["ratio (median)"] = float(np.median(times["now"]) / np.median(times["before"]))
+            row["evaluations before / now"] = f"{evals['before']} / {evals['now']}"
+            row["lml now - before"] = f"{now.log_marginal_likelihood - old.log_marginal_likelihood:.2e}"
+            row["max rel diff hyper, noise"] = f"{max(np.max(np.abs(now.hyper / old.hyper - 1)), abs(now.noise_sd / old.noise_sd - 1)):.1e}"
+        else:
+            row["evaluations"] = evals["now"] if evals["now"] is not None else "-"
+            row["lml"] = f"{now.log_marginal_likelihood:.6f}"
+        k = KERNELS[name]
+        h = now.hyper / np.array([now.scale**2 if hp.kind == "variance" else 1.0 for hp in k.hyperparameters])
+        reps = 10 if N <= 2000 else 1
+        with threadpool_limits(1):
+            ws: list = []
+            row["kernel matrices ms"] = 1e3 * cpu(lambda: k.cov_with_hyper_grads(
+                t, h, checked=True, lower=True, workspace=ws, skip_variance=True), reps)
+            K = k.cov(t, t, h) + (now.noise_sd / now.scale) ** 2 * np.eye(N)
+            row["potrf ms"] = 1e3 * cpu(lambda: lapack.dpotrf(K.T, lower=0, clean=1), reps)
+            U, _ = lapack.dpotrf(K.T, lower=0, clean=1)
+            row["potri ms"] = 1e3 * cpu(lambda: lapack.dpotri(U, lower=0), reps)
+        rows.append(row)
+        print(row, flush=True)
+    load1 = os.getloadavg()[0]
+    write(f"gp_n{N}", rows, f"## GP fit at N = {N} (CPU seconds; 1-min load average {load0:.1f} at the start, "
+                            f"{load1:.1f} at the end)")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,8 +16,8 @@ HYPER = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 0.4, 2.0]}
 USER = Kernel.from_expression(
     "rq", "variance*(1 + (a-b)**2/(2*al*l**2))**(-al)",
     ["variance", Hyperparameter.lengthscale("l"), Hyperparameter("al", bounds=(0.1, 100.0), guess=1.0)])
-ALL = {**KERNELS, "rq": USER}
-ALL_HYPER = {**HYPER, "rq": [1.1, 0.6, 2.0]}
+ALL = {**KERNELS, "rq": USER, "rbf+matern52": KERNELS["rbf"] + KERNELS["matern52"]}  # the sum: two variances
+ALL_HYPER = {**HYPER, "rq": [1.1, 0.6, 2.0], "rbf+matern52": [1.3, 0.7, 0.8, 1.1]}
 
 
 @pytest.mark.parametrize("name", ["rbf", "matern52", "sigmoid", "rq"])
@@ -54,7 +54,7 @@ def test_derivative_covariances_match_finite_differences(name):
             np.testing.assert_allclose(np.tril(low), np.tril(full), rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("name", ["rbf", "matern52", "sigmoid", "rq"])
+@pytest.mark.parametrize("name", ["rbf", "matern52", "sigmoid", "rq", "rbf+matern52"])
 @pytest.mark.parametrize("fixed_noise", [None, 0.2])
 @pytest.mark.parametrize("grid", ["uneven", "even"])
 def test_likelihood_gradient_matches_finite_differences(name, fixed_noise, grid):
@@ -347,3 +347,79 @@ def test_clear_errors():
         fit_gp(t, np.sin(t), "cubic")
     with pytest.raises(DataError, match="bounds"):
         fit_gp(t, np.sin(t), bounds=[[0.0, 1.0]])
+
+
+def test_variance_gradient_without_its_matrix():
+    # A kernel linear in its only variance v has dK/dv = K / v (the fit then skips that matrix);
+    # a sum of kernels has two variances and keeps every matrix.
+    t = np.array([0.0, 0.4, 1.1, 2.0, 3.5])
+    for name in ("rbf", "matern52", "sigmoid", "rq"):
+        kern, hyper = ALL[name], ALL_HYPER[name]
+        assert kern.linear_variance == 0
+        K, dK = kern.cov_with_hyper_grads(t, hyper)
+        np.testing.assert_allclose(dK[0], K / hyper[0], rtol=1e-14)
+        K2, dK2 = kern.cov_with_hyper_grads(t, hyper, skip_variance=True)
+        assert dK2[0] is None and len(dK2) == len(hyper)
+        for a, b in zip([K, *dK[1:]], [K2, *dK2[1:]]):  # another compiled function: equal to rounding
+            np.testing.assert_allclose(b, a, rtol=1e-14, atol=1e-16)
+    s = ALL["rbf+matern52"]
+    assert s.linear_variance is None
+    assert all(g is not None for g in s.cov_with_hyper_grads(t, ALL_HYPER["rbf+matern52"], skip_variance=True)[1])
+    # the matrices a workspace reuses (Toeplitz on an even grid, row blocks on an uneven one) are those of a fresh call
+    for grid in (np.linspace(0, 3, 40), np.sort(np.random.default_rng(0).uniform(0, 3, 40))):
+        for name in ("rbf", "sigmoid"):
+            kern, ws = ALL[name], []
+            for hyper in (ALL_HYPER[name], np.array(ALL_HYPER[name]) * 1.3):
+                K, dK = kern.cov_with_hyper_grads(grid, hyper, lower=True, workspace=ws, skip_variance=True)
+                Kf, dKf = kern.cov_with_hyper_grads(grid, hyper)
+                for a, b in zip([K, *dK[1:]], [Kf, *dKf[1:]]):
+                    np.testing.assert_allclose(np.tril(a), np.tril(b), rtol=1e-13, atol=1e-15)
+
+
+def test_scaled_power():
+    grid = TimeGrid(span=20.0, min_spacing=0.1)
+    assert Scaled("span", 10.0, power=-2)(grid) == pytest.approx(10.0 / 400.0, rel=1e-15)
+    assert Scaled("min_spacing", 0.5)(grid) == pytest.approx(0.05, rel=1e-15)
+    assert repr(Scaled("span", 10.0, power=-2)) == "10*span^-2"
+    assert pickle.loads(pickle.dumps(Scaled("span", 3.0, power=0.5)))(grid) == pytest.approx(3.0 * 20.0**0.5)
+    with pytest.raises(ModelDefinitionError, match="power"):
+        Scaled("span", 1.0, power=float("nan"))
+    # the sigmoid kernel's d (1 / time^2) starts at 10 / span^2
+    assert KERNELS["sigmoid"].guess(grid) == pytest.approx([1.0, 1.0, 10.0 / 400.0])
+
+
+def _sigmoid_numpy(t, v, c, d):
+    """v asin((c + d a b) / sqrt((c + d a^2 + 1)(c + d b^2 + 1))) by a direct numpy formula."""
+    q = c + d * t**2 + 1
+    return v * np.arcsin((c + d * np.outer(t, t)) / np.sqrt(np.outer(q, q)))
+
+
+@pytest.mark.parametrize("span", [10.0, 100.0])
+def test_sigmoid_fit_reaches_the_multistart_optimum(span):
+    # One start from the sigmoid kernel's guess must reach the best optimum that an independent
+    # dense numpy likelihood maximised from 6 starts (L-BFGS-B, numerical gradients) finds. From
+    # the guess before (d = 1 whatever the time unit) L-BFGS-B stops in the all-noise optimum on
+    # these grids: the test tells the two apart.
+    n = 80
+    t = np.linspace(0, span, n)
+    y = np.sin(10 * t / span) + np.random.default_rng(5).normal(0, 0.1, n)
+    z = (y - y.mean()) / y.std()
+
+    def nll(lp):  # standardised series, as the fit: bounds below are those of the kernel and NOISE
+        v, c, d, noise = np.exp(lp)
+        K = _sigmoid_numpy(t, v, c, d) + (noise**2 + 1e-8) * np.eye(n)
+        sign, logdet = np.linalg.slogdet(K)
+        return 0.5 * z @ np.linalg.solve(K, z) + 0.5 * logdet + 0.5 * n * np.log(2 * np.pi) if sign > 0 else 1e10
+
+    box = np.log([[1e-2, 1e2], [1e-6, 1e4], [1e-6, 1e4], [1e-2, 1.0]])
+    rng = np.random.default_rng(11)
+    starts = [np.log([1.0, 1.0, 10 / span**2, 0.1])] + [rng.uniform(box[:, 0], box[:, 1]) for _ in range(5)]
+    ref = min(optimize.minimize(nll, x0, method="L-BFGS-B", bounds=box).fun for x0 in starts)
+    to_state = -n * np.log(y.std())  # the fit reports the likelihood of y in the state's units
+    fit = fit_gp(t, y, "sigmoid", n_starts=1)
+    lp = np.log(np.r_[fit.hyper / np.r_[y.var(), 1.0, 1.0], fit.noise_sd / y.std()])
+    assert fit.log_marginal_likelihood == pytest.approx(-nll(lp) + to_state, rel=1e-9)
+    assert fit.log_marginal_likelihood >= -ref + to_state - 1e-6
+    res = optimize.minimize(negative_log_marginal_likelihood, np.log([1.0, 1.0, 1.0, 0.1]),
+                            args=(KERNELS["sigmoid"], t, z, None), jac=True, method="L-BFGS-B", bounds=box)
+    assert res.fun > ref + 10

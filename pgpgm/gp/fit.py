@@ -14,6 +14,9 @@ Cholesky factorisation (N^3 / 3 flops), and K^-1 from that factor (LAPACK ``potr
 identity solve and no N x N matrix W = alpha alpha^T - K^-1 is formed. At N = 1000
 this is 25-35 ms of one core (3-4.5x less than before; benchmarks/gp_fit.py).
 
+For a kernel linear in its only variance v the gradient in v comes from K itself
+(v dK/dv = K - noise^2 I), so that matrix is never formed.
+
 The fit runs BLAS on one thread by default (``blas_threads=1``, via threadpoolctl): it
 makes hundreds of factorisations of matrices of a few thousand rows at most, where
 threads gain little, and where cores are shared (other processes, parallel chains,
@@ -121,11 +124,12 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
     hyper = np.exp(logp[:H])
     noise = fixed_noise if fixed_noise is not None else np.exp(logp[H])
     K, dK = kernel.cov_with_hyper_grads(t, hyper, checked=True, lower=True,  # lower triangles hold the values
-                                        workspace=workspace)
+                                        workspace=workspace, skip_variance=True)
     if any(g is K for g in dK):
         K = K.copy()
     n = t.size
-    K.flat[:: n + 1] += noise**2 + _DIAG_FLOOR
+    s2 = noise**2 + _DIAG_FLOOR
+    K.flat[:: n + 1] += s2
     # K.T is K in Fortran order; its upper triangle is K's lower triangle, so U here is L^T
     U, info = lapack.dpotrf(K.T, lower=0, clean=1, overwrite_a=1)
     if info != 0:
@@ -135,14 +139,19 @@ def negative_log_marginal_likelihood(logp: np.ndarray, kernel: Kernel, t: np.nda
     Kinv_tri, _ = lapack.dpotri(U, lower=0, overwrite_c=1)  # one triangle of K^-1, the other zero
     Kinv_tri = Kinv_tri.T  # C-contiguous view: K^-1 in the lower triangle, zeros above
     Kinv_diag = np.diagonal(Kinv_tri)
+    trace_Kinv, alpha2 = Kinv_diag.sum(), alpha @ alpha
     grads = []
     for g, h in zip(dK, hyper):
+        if g is None:
+            # k linear in the variance v: v dK/dv = K - s2 I, and K alpha = z (Kernel.linear_variance)
+            grads.append(-0.5 * ((z @ alpha - s2 * alpha2) - (n - s2 * trace_Kinv)))
+            continue
         # tr(K^-1 dK) and alpha^T dK alpha from the lower triangles of the symmetric matrices
         trace = 2.0 * np.vdot(Kinv_tri, g) - Kinv_diag @ np.diagonal(g)
         quad = alpha @ blas.dsymv(1.0, g.T, alpha, lower=0)  # g.T in Fortran order: its upper = g's lower
         grads.append(-0.5 * (quad - trace) * h)
     if fixed_noise is None:
-        grads.append(-0.5 * (alpha @ alpha - Kinv_diag.sum()) * 2 * noise**2)
+        grads.append(-0.5 * (alpha2 - trace_Kinv) * 2 * noise**2)
     return float(nll), np.array(grads)
 
 

@@ -57,31 +57,36 @@ class TimeGrid:
 
 @dataclass(frozen=True)
 class Scaled:
-    """A bound or guess that is a multiple of a property of the time grid.
+    """A bound or guess that is a multiple of a power of a property of the time grid.
 
     ``Scaled("span", 10.0)`` is 10 (t[-1] - t[0]); ``Scaled("min_spacing", 0.5)`` is half
-    the smallest spacing of the times. Picklable, unlike a lambda.
+    the smallest spacing of the times; ``Scaled("span", 10.0, power=-2)`` is 10 / span^2
+    (for a hyperparameter in 1 / time^2). Picklable, unlike a lambda.
 
     Attributes
     ----------
     quantity : ``"span"`` or ``"min_spacing"``
-    factor : positive multiplier (dimensionless)
+    factor : positive multiplier (units: time^-power times those of the hyperparameter)
+    power : real exponent of the quantity (1: a time scale; -2: an inverse squared time)
     """
 
     quantity: Literal["span", "min_spacing"]
     factor: float
+    power: float = 1.0
 
     def __post_init__(self) -> None:
         if self.quantity not in ("span", "min_spacing"):
             raise ModelDefinitionError(f"Scaled quantity must be 'span' or 'min_spacing', got {self.quantity!r}")
         if not (np.isfinite(self.factor) and self.factor > 0):
             raise ModelDefinitionError(f"Scaled factor must be positive and finite, got {self.factor!r}")
+        if not (isinstance(self.power, int | float) and np.isfinite(self.power)):
+            raise ModelDefinitionError(f"Scaled power must be a finite number, got {self.power!r}")
 
     def __call__(self, grid: TimeGrid) -> float:
-        return self.factor * getattr(grid, self.quantity)
+        return self.factor * getattr(grid, self.quantity) ** self.power
 
     def __repr__(self) -> str:
-        return f"{self.factor:g}*{self.quantity}"
+        return f"{self.factor:g}*{self.quantity}" + ("" if self.power == 1 else f"^{self.power:g}")
 
 
 Bound = float | Scaled | Callable[[TimeGrid], float]
@@ -368,6 +373,24 @@ class Kernel:
         return self._compile([k] + [_clean(sp.diff(k, h)) for h in self._h])
 
     @cached_property
+    def linear_variance(self) -> int | None:
+        """Index of the kernel's only ``"variance"`` hyperparameter v when k is linear in it, else None.
+
+        Then dk/dv = k / v, so a fit needs no matrix dK/dv (:meth:`cov_with_hyper_grads` with
+        ``skip_variance=True``). None when several hyperparameters are variances (a sum of kernels).
+        """
+        idx = [i for i, h in enumerate(self.hyperparameters) if h.kind == "variance"]
+        if len(idx) != 1 or sp.diff(self.expr, self._h[idx[0]], 2) != 0:
+            return None
+        return idx[0]
+
+    @cached_property
+    def _f_hyper_no_variance(self):
+        k = self._in_tau if self.stationary else self.expr
+        iv = self.linear_variance
+        return self._compile([k] + [_clean(sp.diff(k, h)) for i, h in enumerate(self._h) if i != iv])
+
+    @cached_property
     def _f_time(self):
         if self.stationary:
             f = self._in_tau
@@ -417,10 +440,11 @@ class Kernel:
                     o[i0:i1, :cols] = v
         return outs
 
-    def _run_uniform(self, f, t, hyper) -> list[np.ndarray] | None:
+    def _run_uniform(self, f, t, hyper, out: list[np.ndarray] | None = None) -> list[np.ndarray] | None:
         """Stationary k on an evenly spaced grid: evaluate at the N lags, fill (N, N) Toeplitz matrices.
 
         Returns None when the kernel is not stationary or the grid not uniform to 64 ulp of max|t|.
+        ``out``: as in :meth:`_run`, matrices to fill (every entry) and reuse at the next call.
         """
         n = t.size
         if not self.stationary or n < 3:
@@ -431,11 +455,14 @@ class Kernel:
             return None
         with np.errstate(invalid="ignore", divide="ignore"):
             outs = f(lags, *(float(h) for h in hyper))
-        res = []
-        for o in outs:
+        reuse = out is not None and len(out) == len(outs) and all(o.shape == (n, n) for o in out)
+        res = out if reuse else [np.empty((n, n)) for _ in outs]
+        for r, o in zip(res, outs):
             v = np.broadcast_to(np.asarray(o, dtype=np.float64), (n,))
             w = np.concatenate([v[:0:-1], v])  # v[n-1], ..., v[1], v[0], v[1], ..., v[n-1]
-            res.append(np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(w, n)[::-1]))
+            np.copyto(r, np.lib.stride_tricks.sliding_window_view(w, n)[::-1])
+        if out is not None and not reuse:
+            out[:] = res
         return res
 
     def check_hyper(self, hyper) -> np.ndarray:
@@ -459,7 +486,8 @@ class Kernel:
         return tuple(self._run(self._f_time, ta, tb, self.check_hyper(hyper)))
 
     def cov_with_hyper_grads(self, t, hyper, *, checked: bool = False, lower: bool = False,
-                             workspace: list | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+                             workspace: list | None = None, skip_variance: bool = False
+                             ) -> tuple[np.ndarray, list[np.ndarray | None]]:
         """(K, [dK/dh_k]) on times ``t`` (N,): K (N, N) and one (N, N) matrix per hyperparameter.
 
         All from one evaluation (time differences and shared subexpressions computed once). A
@@ -472,13 +500,19 @@ class Kernel:
         ``workspace`` (with ``lower=True``): a list, empty at first, whose matrices are
         reused by later calls with it (the returned matrices are then overwritten by the
         next call; a caller may change their lower triangles, e.g. factorise K in place).
+        ``skip_variance=True``: when :attr:`linear_variance` is not None, that entry of the list
+        is None instead of the matrix K / v (one matrix fewer to evaluate and to read).
         """
         h = hyper if checked else self.check_hyper(hyper)
         t = np.asarray(t, dtype=float).reshape(-1)
-        out = self._run_uniform(self._f_hyper, t, h)
+        iv = self.linear_variance if skip_variance else None
+        f = self._f_hyper if iv is None else self._f_hyper_no_variance
+        out = self._run_uniform(f, t, h, out=workspace if lower else None)
         if out is None:
-            out = self._run(self._f_hyper, t, t, h, lower=lower, out=workspace if lower else None)
+            out = self._run(f, t, t, h, lower=lower, out=workspace if lower else None)
         K, *grads = out
+        if iv is not None:
+            grads.insert(iv, None)
         return K, grads
 
     def cov_hyper_grads(self, t, hyper) -> list[np.ndarray]:
@@ -513,7 +547,11 @@ def _builtin() -> Mapping[str, Kernel]:
             v * (1 + s5 * r / l + 5 * r**2 / (3 * l**2)) * sp.exp(-s5 * r / l),
         ),
         "sigmoid": Kernel(
-            "sigmoid", (var, Hyperparameter("c", (1e-6, 1e4), 1.0), Hyperparameter("d", (1e-6, 1e4), 1.0)),
+            # d (1 / time^2) starts at 10 / span^2, the time scale of the data: from d = 1 (the guess
+            # before) fits took 1.5-2.5x the likelihood evaluations on span 10 and stopped in a worse
+            # local optimum on span 100 (benchmarks/gp_n1000.py)
+            "sigmoid", (var, Hyperparameter("c", (1e-6, 1e4), 1.0),
+                        Hyperparameter("d", (1e-6, 1e4), Scaled("span", 10.0, power=-2))),
             v * sp.asin((c + d * _a * _b) / sp.sqrt((c + d * _a**2 + 1) * (c + d * _b**2 + 1))),
         ),
     }
