@@ -188,8 +188,10 @@ def test_fit_does_not_stop_in_the_no_signal_optimum(pt_model, data_seed):
     fit = fit_gp(t, y, "sigmoid", seed=4)
     assert fit.log_marginal_likelihood == pytest.approx(reference, abs=1e-3)
     assert fit.noise_sd < 0.05 * y.std()  # the true sd is 0.01, the data sd 0.2
+    # before the sigmoid kernel's start moved to d = 10 / span^2 (branch gpfast), the 5 first
+    # starts alone ended 24.3 / 27.7 nats below (data seeds 0 / 1); now its guess reaches it too
     first_five = fit_gp(t, y, "sigmoid", seed=4, max_starts=5)
-    assert first_five.log_marginal_likelihood < reference - 20
+    assert first_five.log_marginal_likelihood == pytest.approx(reference, abs=1e-3)
 
 
 def test_extra_starts_leave_confirmed_fits_unchanged(all_models):
