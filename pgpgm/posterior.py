@@ -101,12 +101,15 @@ def build_ode_model(
     x0_priors : priors of unknown latent initial values ``{state: (lower, upper) or callable}``
         (default: the prior entries of a mapping ``x0``); each is a free variable ``<state>_0``
     log_scale : names of parameters with a Uniform(0, upper) prior that NUTS moves on the
-        log scale (PyMC's log transform) instead of the log-odds of the box. The prior is the
+        log scale (:class:`pgpgm.priors.SoftLogTransform`: log theta well below the bound,
+        meeting the bound smoothly) instead of the log-odds of the box. The prior is the
         same; the sampling geometry changes: a product or ratio of rates that the data
         determine (the banana of Lotka-Volterra with one state observed) becomes a straight
-        ridge, which a dense mass matrix follows. The box's upper bound becomes a hard
-        wall (a draw beyond it is rejected), so use it for parameters whose posterior stays
-        well below the bound (:func:`pgpgm.fit` picks them from the refinement).
+        ridge, which a dense mass matrix follows. Near the bound the scale bends, so use it
+        for parameters whose posterior stays well below the bound (:func:`pgpgm.fit` picks
+        them from the refinement). A plain log scale would make the bound a hard wall: a
+        NUTS trajectory along a ridge that reaches it (LV x1 observed: theta1 -> 10) ends
+        in a divergence.
 
     Returns
     -------
