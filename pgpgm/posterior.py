@@ -240,7 +240,8 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
     full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
     need short trajectories from the first draw. Otherwise, or where the matrix is not finite,
-    a diagonal one from ``sd`` (variables without an sd start at variance 1).
+    a diagonal one from ``sd`` (variables without an sd, or whose transform has no finite
+    derivative at ``center``, e.g. a refined value on a bound of its box, start at variance 1).
     """
     at = space.point(center)
     names, mean, du = [], [], []
@@ -255,7 +256,7 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     du = np.array(du)
     var = np.array([(d * float(sd[n])) ** 2 if np.isfinite(sd.get(n, np.nan)) and sd.get(n, 0) > 0 else 1.0
                     for n, d in zip(names, du)])
-    var = np.maximum(var, 1e-10)
+    var = np.where(np.isfinite(var), np.maximum(var, 1e-10), 1.0)  # a centre on a bound: no derivative there
     if covariance is not None:
         cnames, cmat = list(covariance[0]), np.asarray(covariance[1], float)
         idx = [names.index(n) for n in cnames if n in names]
