@@ -101,12 +101,15 @@ def build_ode_model(
     x0_priors : priors of unknown latent initial values ``{state: (lower, upper) or callable}``
         (default: the prior entries of a mapping ``x0``); each is a free variable ``<state>_0``
     log_scale : names of parameters with a Uniform(0, upper) prior that NUTS moves on the
-        log scale (PyMC's log transform) instead of the log-odds of the box. The prior is the
+        log scale (:class:`pgpgm.priors.SoftLogTransform`: log theta well below the bound,
+        meeting the bound smoothly) instead of the log-odds of the box. The prior is the
         same; the sampling geometry changes: a product or ratio of rates that the data
         determine (the banana of Lotka-Volterra with one state observed) becomes a straight
-        ridge, which a dense mass matrix follows. The box's upper bound becomes a hard
-        wall (a draw beyond it is rejected), so use it for parameters whose posterior stays
-        well below the bound (:func:`pgpgm.fit` picks them from the refinement).
+        ridge, which a dense mass matrix follows. Near the bound the scale bends, so use it
+        for parameters whose posterior stays well below the bound (:func:`pgpgm.fit` picks
+        them from the refinement). A plain log scale would make the bound a hard wall: a
+        NUTS trajectory along a ridge that reaches it (LV x1 observed: theta1 -> 10) ends
+        in a divergence.
 
     Returns
     -------
@@ -237,7 +240,8 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
     full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
     need short trajectories from the first draw. Otherwise, or where the matrix is not finite,
-    a diagonal one from ``sd`` (variables without an sd start at variance 1).
+    a diagonal one from ``sd`` (variables without an sd, or whose transform has no finite
+    derivative at ``center``, e.g. a refined value on a bound of its box, start at variance 1).
     """
     at = space.point(center)
     names, mean, du = [], [], []
@@ -252,7 +256,7 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     du = np.array(du)
     var = np.array([(d * float(sd[n])) ** 2 if np.isfinite(sd.get(n, np.nan)) and sd.get(n, 0) > 0 else 1.0
                     for n, d in zip(names, du)])
-    var = np.maximum(var, 1e-10)
+    var = np.where(np.isfinite(var), np.maximum(var, 1e-10), 1.0)  # a centre on a bound: no derivative there
     if covariance is not None:
         cnames, cmat = list(covariance[0]), np.asarray(covariance[1], float)
         idx = [names.index(n) for n in cnames if n in names]

@@ -41,10 +41,10 @@ def _exact_moments(obs, k_box=(0.0, 5.0)):
     return (mk, sk), (mx, sx)
 
 
-def _assert_quadrature_moments(tree, layout, obs):
+def _assert_quadrature_moments(tree, layout, obs, k_box=(0.0, 5.0)):
     """NUTS means and sds of k and x_0 equal the quadrature's within 4 Monte-Carlo errors (ESS > 400)."""
     diag = diagnose(tree, layout.free)
-    (mk, sk), (mx, sx) = _exact_moments(obs)
+    (mk, sk), (mx, sx) = _exact_moments(obs, k_box)
     for name, m, s in (("k", mk, sk), ("x_0", mx, sx)):
         draws = tree.posterior[name].values.ravel()
         ess = float(diag["ess_bulk"].sel(variable=name))
@@ -153,10 +153,49 @@ def test_log_scale_samples_the_same_posterior():
     the quadrature of the exact posterior within Monte-Carlo error."""
     obs = _decay_data(0.8, 2.0, seed=3)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD], log_scale=["k"])
-    assert [v.name for v in model.value_vars] == ["k_log__", "x_0"]
+    assert [v.name for v in model.value_vars] == ["k_softlog__", "x_0"]
     tree = sample_posterior(model, {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.05, "x_0": SD},
                             draws=1500, tune=500, chains=2, cores=1, seed=1, progressbar=False)
     _assert_quadrature_moments(tree, layout, obs)
+
+
+def test_log_scale_meets_the_prior_bound_without_divergences():
+    """A posterior cut by the prior's upper bound (k = 0.98 in Uniform(0, 1), posterior sd ~0.05):
+    on PyMC's plain log scale the bound is a hard wall (log density -inf beyond it) and NUTS
+    trajectories that reach it diverge; the soft wall of the log scale of build_ode_model has no
+    divergences, and its moments match the quadrature of the truncated posterior."""
+    import pymc as pm
+    from pymc.distributions.transforms import log as plain_log
+
+    obs = _decay_data(0.98, 2.0, seed=3)
+    y = obs.values[:, 0]
+    kw = dict(draws=1500, tune=500, chains=2, cores=1, random_seed=1, progressbar=False,
+              compute_convergence_checks=False)
+    with pm.Model():  # the same posterior, analytic solution, hard wall at 1
+        k = pm.Uniform("k", 0.0, 1.0, default_transform=plain_log)
+        x_0 = pm.Normal("x_0", y[0], np.std(y))
+        pm.Normal("y", x_0 * pm.math.exp(-k * T), SD, observed=y)
+        hard = pm.sample(**kw)
+    assert int(hard.sample_stats["diverging"].sum()) > 0
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 1.0)}, noise_sd=[SD],
+                                    log_scale=["k"])
+    tree = sample_posterior(model, {"k": 0.95, "x_0": float(y[0])}, {"k": 0.05, "x_0": SD},
+                            draws=1500, tune=500, chains=2, cores=1, seed=1, progressbar=False)
+    assert int(tree.sample_stats["diverging"].sum()) == 0
+    assert np.mean(tree.posterior["k"].values > 0.98) > 0.1  # the bound matters
+    _assert_quadrature_moments(tree, layout, obs, k_box=(0.0, 1.0))
+
+
+def test_a_centre_on_the_prior_bound_still_samples():
+    """A refined k on the upper bound of its box (the log-odds transform is infinite there): the seeded
+    mass matrix stays finite (PyMC raised "Mass matrix contains non-finite values") and the draws stay
+    inside the box."""
+    obs = _decay_data(0.8, 2.0, seed=3)
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 0.8)}, noise_sd=[SD])
+    tree = sample_posterior(model, {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.05, "x_0": SD},
+                            draws=100, tune=100, chains=2, cores=1, seed=0, max_rounds=1, progressbar=False)
+    k = tree.posterior["k"].values
+    assert np.all(np.isfinite(k)) and k.max() < 0.8 and np.median(k) > 0.7
 
 
 def test_log_scale_names_and_bad_log_scale():
@@ -219,7 +258,8 @@ def test_a_failed_first_round_is_followed_by_a_pooled_round_that_converges():
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.xfail(strict=True, reason="measured 2026-11-23 (3 rounds): max R-hat 1.013, min ESS 260, 4 divergences")
+@pytest.mark.xfail(strict=True, reason="measured 2026-11-23 with the soft-wall log scale (3 rounds, step 4 on the "
+                   "default fit's inputs): max R-hat 1.002, min ESS 797, 6 divergences where the ridge meets theta1 <= 10")
 def test_default_fit_converges_on_lotka_volterra_x1_observed(lv):
     """Issue 10 target: the default fit's NUTS posterior on LV x1 observed, noise seed 0, meets
     R-hat <= 1.01, ESS >= 400 and no divergences (a banana-shaped, weakly identified posterior)."""
