@@ -3,7 +3,7 @@ parameter error of the sampled (gradient-matching mean), refined and posterior-m
 latent-trajectory RMSE, the final posterior's convergence (max R-hat, min bulk/tail ESS,
 divergences), wall time, ODE solves.
 
-    ./run.sh bench paper [--seeds 5]
+    ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases model:case,...] [--out paper]
 """
 
 import argparse
@@ -23,7 +23,8 @@ CASES = [("lotka-volterra", "x1-observed"), ("lotka-volterra", "x1-observed-larg
          ("protein-transduction", "S-R-latent")]
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--seeds", type=int, default=5)
+ap.add_argument("--seeds", type=int, default=5, help="number of noise seeds")
+ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
 ap.add_argument("--out", default="paper", help="name of the result files in benchmarks/results/")
 ap.add_argument("--cases", default=None,
                 help="comma-separated 'model:case' to run, in this order (default: every published case)")
@@ -37,7 +38,7 @@ rows = []
 partial = RESULTS / f"{args.out}.partial.jsonl"
 RESULTS.mkdir(exist_ok=True)
 partial.write_text("")
-for seed in range(args.seeds):
+for seed in range(args.first_seed, args.first_seed + args.seeds):
     for name, case_name in CASES:
         spec = pgpgm.load_model(name)
         c = spec.case(case_name)

@@ -17,6 +17,7 @@ matrix), chains in parallel processes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -311,7 +312,9 @@ def sample_posterior(
         chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
         observed) that none covers alone. A later round runs ``draws`` to 4x ``draws``
         iterations, as many as the previous round's min ESS says reach 1.2 x 400. The draws of the last
-        round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran. Only when
+        round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran and
+        ``json.loads(tree.attrs["pgpgm_round_problems"])`` why: for every round followed by
+        another, the list of its failed checks. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
         that converges in the first round (FitzHugh-Nagumo) costs nothing more.
 
@@ -339,11 +342,13 @@ def sample_posterior(
                    target_accept=target_accept)
     tree = pm.sample(step=step, initvals=starts, **common)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
-    rounds = 1
+    rounds, reasons = 1, []
     while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
         diag = diagnose(tree, names)
-        if not problems(diag):
+        found = problems(diag)
+        if not found:
             break
+        reasons.append(found)
         # the last round's ESS says how many draws reach the target (at least as many, at most 4x)
         ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
         n_draws = int(np.ceil(draws * float(np.clip(1.2 * ESS_MIN / max(ess, 1.0), 1.0, 4.0))))
@@ -358,6 +363,7 @@ def sample_posterior(
                             "random_seed": None if seed is None else seed + 1000 * rounds})
         rounds += 1
     tree.attrs["pgpgm_rounds"] = rounds
+    tree.attrs["pgpgm_round_problems"] = json.dumps(reasons)
     return tree
 
 
