@@ -194,6 +194,25 @@ def test_fit_does_not_stop_in_the_no_signal_optimum(pt_model, data_seed):
     assert first_five.log_marginal_likelihood == pytest.approx(reference, abs=1e-3)
 
 
+def test_extra_starts_rescue_a_fit_whose_first_starts_all_end_in_the_no_signal_optimum(pt_model):
+    """The rescue itself: the sigmoid kernel with its old first guess d = 1 (before branch gpfast)
+    on protein transduction's Rpp, GP seeds 1 and 4: all 5 first starts end in the no-signal optimum
+    (noise sd = data sd, measured 24.3 nats below the reference); the extra starts, made because
+    that optimum explains the series no better than white noise, reach the reference optimum."""
+    k = KERNELS["sigmoid"]
+    old = Kernel("sigmoid-d1", (*k.hyperparameters[:2], Hyperparameter("d", (1e-6, 1e4), 1.0)), k.expr)
+    ds = pt_model.simulate("R-latent", seed=0)
+    t, y = ds["time"].values, ds["y"].sel(observed="Rpp").values
+    reference = _sigmoid_lml_reference(t, y)
+    for seed in (1, 4):
+        first_five = fit_gp(t, y, old, seed=seed, max_starts=5)
+        assert first_five.noise_sd == pytest.approx(y.std(), rel=1e-3)  # white noise: no signal explained
+        assert first_five.log_marginal_likelihood < reference - 20
+        rescued = fit_gp(t, y, old, seed=seed)
+        assert rescued.log_marginal_likelihood == pytest.approx(reference, abs=1e-3)
+        assert rescued.noise_sd < 0.05 * y.std()
+
+
 def test_extra_starts_leave_confirmed_fits_unchanged(all_models):
     """The extra starts run only when the first 5 do not reach the best optimum twice: on the
     published Lotka-Volterra and FitzHugh-Nagumo data (seeds 0-4) every fit is bit for bit the
