@@ -145,6 +145,17 @@ def test_laplace_posterior_matches_the_refinement_covariance(lv):
     se = np.sqrt(np.diag(cov))
     assert np.all(np.abs(th.mean(0) - r.theta) < 4 * se / np.sqrt(2000))
     assert np.all(np.abs(th.std(0) / se - 1) < 4 * np.sqrt(1 / (2 * 2000)))
+    # the refined initial value of x1 is drawn with theta: its draws have the refinement's
+    # mean and standard error, and each draw's x1 trajectory starts from it
+    x10 = r.posterior.posterior["x1_0"].values.ravel()
+    se0 = float(r.estimates["x0_stderr"].sel(state="x1"))
+    assert 0 < se0 < np.inf
+    assert abs(x10.mean() - r.x0["x1"]) < 4 * se0 / np.sqrt(2000)
+    assert abs(x10.std() / se0 - 1) < 4 * np.sqrt(1 / (2 * 2000))
+    x1 = r.posterior.posterior["x1"].values.reshape(2000, -1)
+    ok = np.isfinite(x1[:, 0])
+    assert ok.mean() > 0.99
+    np.testing.assert_allclose(x1[ok, 0], x10[ok], rtol=1e-10)  # the dense grid starts at the first time
 
 
 # ------------------------------------------------------------------ step 4's sampling geometry (issue 10)
