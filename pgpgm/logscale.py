@@ -130,7 +130,7 @@ class Scales:
                          result.gradient_matching, result.diagnostics)
 
 
-def _per_state(value, what: str, allowed: Sequence[str], states: Sequence[str], default: str) -> dict[str, str]:
+def per_state(value, what: str, allowed: Sequence[str], states: Sequence[str], default: str) -> dict[str, str]:
     """``value`` (None, one mode for every state, or a mapping state -> mode) as a full mapping."""
     if value is None:
         return dict.fromkeys(states, default)
@@ -171,8 +171,8 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     if noise is None and transform is None:
         return None
     obs = as_observations(data, observed, system, grid=grid)
-    noise = _per_state(noise, "noise", NOISE_MODELS, obs.states, "normal")
-    trans = _per_state(transform, "transform", TRANSFORMS, system.states, "none")
+    noise = per_state(noise, "noise", NOISE_MODELS, obs.states, "normal")
+    trans = per_state(transform, "transform", TRANSFORMS, system.states, "none")
     lognormal = tuple(s for s in obs.states if noise[s] == "lognormal")
     logs = tuple(s for s in system.states if s in lognormal or trans[s] == "log")
     if not logs:

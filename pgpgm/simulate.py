@@ -10,6 +10,7 @@ import xarray as xr
 
 from .data import as_float_array, check_times
 from .errors import DataError
+from .logscale import NOISE_MODELS, per_state
 from .solve import Integrator, Solver
 from .ode.system import ODESystem
 
@@ -26,8 +27,10 @@ def simulate(
     seed: int | np.random.Generator | None = None,
     solver: Solver | None = None,
     missing: float = 0.0,
+    noise: str | Mapping[str, str] | None = None,
 ) -> xr.Dataset:
-    """Integrate the system and add Gaussian noise to the observed states.
+    """Integrate the system and add noise to the observed states: Gaussian (additive) or
+    lognormal (multiplicative).
 
     Parameters
     ----------
@@ -47,13 +50,18 @@ def simulate(
     missing : fraction in [0, 1) of each observed state's measurements dropped at random
         (set to NaN in ``y``; round(missing * K) of its K values, drawn with ``seed`` after the
         noise, so the kept values equal those of ``missing=0``)
+    noise : ``"normal"`` (default: y = x + sd e), ``"lognormal"`` (y = x exp(sd e): ``noise_sd``
+        on the log scale, every measured value of the state positive) for every observed
+        state, or a mapping observed state -> one of them; e standard normal. Fit such data
+        with ``pgpgm.fit(..., noise="lognormal")``.
 
     Returns
     -------
     xarray.Dataset
         ``truth`` (time, state): the noise-free trajectories; ``y`` (time, observed):
-        the observations (NaN where not measured); ``noise_sd`` (observed). Attributes record theta, x0,
-        the system and the seed.
+        the observations (NaN where not measured); ``noise_sd`` (observed; log scale for
+        lognormal states). Attributes record theta, x0, the system, the seed and the noise
+        model of each observed state (``noise``, in the order of ``observed``).
     """
     # input checks, before any solve
     observed = list(system.states if observed is None else [observed] if isinstance(observed, str) else observed)
@@ -62,6 +70,11 @@ def simulate(
     idx = system.index_of_states(observed)
     if (noise_sd is None) == (snr is None):
         raise DataError("give exactly one of noise_sd or snr")
+    models = per_state(noise, "noise", NOISE_MODELS, observed, "normal")
+    lognormal = np.array([models[s] == "lognormal" for s in observed])
+    if snr is not None and lognormal.any():
+        raise DataError("snr sets additive noise; for lognormal states give noise_sd (the sd of log y), "
+                        f"e.g. noise_sd=0.1 for about 10 % error (lognormal: {list(np.array(observed)[lognormal])})")
     theta_ = as_float_array(theta, "theta")
     if theta_.shape != (system.n_parameters,) or not np.all(np.isfinite(theta_)):
         raise DataError(f"theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
@@ -69,13 +82,13 @@ def simulate(
     x0_ = as_float_array(x0, "x0")
     if x0_.shape != (system.n_states,) or not np.all(np.isfinite(x0_)):
         raise DataError(f"x0 must be {system.n_states} finite numbers {list(system.states)}, got shape {x0_.shape}")
-    per_state = None
+    own_times = None
     if isinstance(times, Mapping):
         unknown = [k for k in times if k not in observed]
         if unknown:
             raise DataError(f"times given for {unknown}, which are not observed states {observed}")
-        per_state = {k: check_times(v, name=f"times of {k}") for k, v in times.items()}
-        times = np.unique(np.concatenate(list(per_state.values())))
+        own_times = {k: check_times(v, name=f"times of {k}") for k, v in times.items()}
+        times = np.unique(np.concatenate(list(own_times.values())))
     times = check_times(times)
     miss = as_float_array(missing, "missing")
     if miss.ndim != 0 or not (0 <= miss < 1):
@@ -104,12 +117,20 @@ def simulate(
         sd = np.broadcast_to(np.asarray(noise_sd, dtype=float), (len(idx),)).copy()
         if np.any(~np.isfinite(sd)) or np.any(sd < 0):
             raise DataError(f"noise_sd must be finite and non-negative, got {noise_sd}")
-    rng = np.random.default_rng(seed)
-    y = signal + rng.normal(size=signal.shape) * sd
-    if per_state is not None:
+    measured = np.ones(signal.shape, bool)
+    if own_times is not None:
         for m, s in enumerate(observed):
-            if s in per_state:
-                y[~np.isin(times, per_state[s]), m] = np.nan
+            if s in own_times:
+                measured[:, m] = np.isin(times, own_times[s])
+    bad = [s for m, s in enumerate(observed) if lognormal[m] and not np.all(signal[measured[:, m], m] > 0)]
+    if bad:
+        raise DataError(f"lognormal noise needs a positive signal, but {bad} reach values <= 0 at their measurement "
+                        "times; use noise='normal' for them")
+    rng = np.random.default_rng(seed)
+    e = rng.normal(size=signal.shape) * sd
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.where(lognormal, signal * np.exp(e), signal + e)
+    y[~measured] = np.nan
     if miss > 0:
         for m in range(len(idx)):
             have = np.flatnonzero(np.isfinite(y[:, m]))
@@ -129,5 +150,6 @@ def simulate(
             "seed": seed if isinstance(seed, int) else -1,
             "snr": -1.0 if snr is None else float(snr),
             "missing": float(miss),
+            "noise": [models[s] for s in observed],
         },
     )

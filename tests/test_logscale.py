@@ -210,3 +210,38 @@ def test_clashing_log_name_is_a_model_error():
     s = ODESystem.from_equations({"x": "-k*x", "log_x": "k*x"}, ["k"])
     with pytest.raises(ModelDefinitionError, match="log_x"):
         log_transform(s, ["x"])
+
+
+def test_simulate_lognormal_noise_multiplies_the_truth(lv):
+    """simulate(noise=...): lognormal states get y = x exp(sd e), normal ones y = x + sd e, with the
+    same standard normal draws e (numpy's generator, reproduced here); lognormal needs x > 0."""
+    c = lv.case("x1-observed")
+    times = {"x1": c.times, "x2": c.times[::2]}
+    ds = pgpgm.simulate(lv.system, c.theta, c.x0, times, observed=["x1", "x2"], noise_sd=[0.1, 0.3],
+                        noise={"x1": "lognormal"}, seed=7)
+    assert ds.attrs["noise"] == ["lognormal", "normal"]
+    x = ds["truth"].sel(state=["x1", "x2"]).values
+    e = np.random.default_rng(7).normal(size=x.shape) * [0.1, 0.3]
+    np.testing.assert_allclose(ds["y"].values[:, 0], x[:, 0] * np.exp(e[:, 0]), rtol=1e-14)
+    y2 = ds["y"].values[:, 1]
+    measured = np.isin(ds["time"].values, c.times[::2])
+    np.testing.assert_allclose(y2[measured], (x[:, 1] + e[:, 1])[measured], rtol=1e-14)
+    assert np.isnan(y2[~measured]).all()
+    # log(y / x) / sd is standard normal: mean and sd within 4 standard errors
+    z = np.log(ds["y"].values[:, 0] / x[:, 0]) / 0.1
+    assert abs(z.mean()) < 4 / np.sqrt(z.size) and abs(z.std() - 1) < 4 / np.sqrt(2 * z.size)
+    # normal noise is unchanged by the option
+    plain = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=7)
+    again = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=7, noise="normal")
+    np.testing.assert_array_equal(plain["y"].values, again["y"].values)
+
+
+def test_simulate_lognormal_refuses_snr_and_non_positive_signals(lv):
+    c = lv.case("x1-observed")
+    with pytest.raises(pgpgm.DataError, match="snr sets additive noise"):
+        pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], snr=10, noise="lognormal")
+    sine = pgpgm.ODESystem.from_equations({"x": "y", "y": "-x"}, [], name="sine")
+    with pytest.raises(pgpgm.DataError, match=r"positive signal, but \['x'\]"):
+        pgpgm.simulate(sine, [], [1.0, 0.0], np.linspace(0, 4, 9), observed=["x"], noise_sd=0.1, noise="lognormal")
+    with pytest.raises(pgpgm.DataError, match="noise must be one of"):
+        pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, noise="poisson")
