@@ -99,7 +99,8 @@ def main() -> None:
                 raise RuntimeError(res.stderr[-3000:])
             for r in json.loads(res.stdout.strip().splitlines()[-1]):
                 rows.append({"step 4": "this" if variant == "this" else f"{rev} (git show)", "fits in process": seeds,
-                             "cores": int(cores), **{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
+                             "cores": int(cores),
+                             **{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
                              "_draws": f"{cache}.npz"})
                 print(rows[-1], flush=True)
         # the draws of every posterior variable (parameters, initial values, noise sd, states on the dense grid)
