@@ -69,6 +69,11 @@ def noise_name(state: str) -> str:
     return f"sigma_{state}"
 
 
+def data_name(what: str, state: str) -> str:
+    """Name of a ``pm.Data`` input of the ODE model: ``what`` of ``state``, e.g. ``_y_R``."""
+    return f"_{what}_{state}"
+
+
 def build_ode_model(
     system: ODESystem,
     data,
@@ -120,6 +125,12 @@ def build_ode_model(
         deterministics: every state on ``time_dense``; observed: ``y_<state>`` (time; or
         ``time_<state>``, the state's own measurement times, when values are missing).
         A failed solve is a -inf log density (a rejected proposal / divergence).
+        Data (``pm.Data``, named by :func:`data_name`; change them with ``pm.set_data``):
+        ``_y_<state>`` the measurements, ``_x0_mu_<state>`` and ``_x0_sd_<state>`` the prior
+        of ``<state>_0`` (first measurement, sd of the measurements), ``_log_noise_center_<state>``
+        (or ``_noise_sd_<state>`` when the sds are given), ``_x0_<state>`` per known latent
+        initial value. Built again for other data of the same system, grid and options, the
+        model is the same graph, so its compiled log density and gradient are reused.
     """
     from .data import as_observations, initial_value_priors, initial_values
 
@@ -153,17 +164,23 @@ def build_ode_model(
             raise DataError(f"log_scale names {name!r}: only parameters with a Uniform(0, upper) prior can be "
                             "sampled on the log scale")
     with pm.Model(coords=coords) as model:
+        # every number that comes from the data (observations, the initial-value and noise priors'
+        # centres, known noise sds and initial values) enters as pm.Data, not as a constant: the
+        # graph is then the same for every data set of a model on the same grid, so its compiled
+        # code (PyTensor's numba cache, memory and disk) serves them all
         theta = prior.variables(log_scale)  # same priors; NUTS moves log_scale ones in log theta
         first = {}
         for m, s in enumerate(obs.states):
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
             spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
-            first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=float(ym[0]), sigma=spread)
+            first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=pm.Data(data_name("x0_mu", s), float(ym[0])),
+                                          sigma=pm.Data(data_name("x0_sd", s), spread))
         u = Priors.from_user([initial_value_name(s) for s in unknown],
                              {initial_value_name(s): v for s, v in unknown.items()}).variables()
         for j, s in enumerate(unknown):  # unknown latent initial values
             first[system.states.index(s)] = u[j]
-        x0_vec = pt.stack([first[i] if i in first else pt.constant(float(x0[i])) for i in range(system.n_states)])
+        x0_vec = pt.stack([first[i] if i in first else pm.Data(data_name("x0", s), float(x0[i]))
+                           for i, s in enumerate(system.states)])
         traj = ODEOp(integrator, on_failure="nan")(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
         pm.Potential("solve_failed", pt.switch(ok, 0.0, -np.inf))
@@ -172,16 +189,18 @@ def build_ode_model(
             pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
         for m, s in enumerate(obs.states):
             if noise_sd is None:
-                sigma = pm.LogNormal(noise_name(s), mu=float(np.log(center[m])), sigma=NOISE_PRIOR_LOG_SD)
+                sigma = pm.LogNormal(noise_name(s), mu=pm.Data(data_name("log_noise_center", s), np.log(center[m])),
+                                     sigma=NOISE_PRIOR_LOG_SD)
             else:
-                sigma = float(noise_sd[m])
+                sigma = pm.Data(data_name("noise_sd", s), float(noise_sd[m]))
             if obs.complete:
-                pm.Normal(f"y_{s}", mu=safe[rows_obs, obs_idx[m]], sigma=sigma, observed=Y[:, m], dims="time")
+                y = pm.Data(data_name("y", s), Y[:, m], dims="time")
+                pm.Normal(f"y_{s}", mu=safe[rows_obs, obs_idx[m]], sigma=sigma, observed=y, dims="time")
             else:  # the likelihood only where state s is measured
                 rows = obs.rows(m)
                 model.add_coord(f"time_{s}", t[rows])
-                pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=Y[rows, m],
-                          dims=f"time_{s}")
+                y = pm.Data(data_name("y", s), Y[rows, m], dims=f"time_{s}")
+                pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=y, dims=f"time_{s}")
     layout = ODEModelLayout(tuple(system.parameters), tuple(initial_value_name(s) for s in (*obs.states, *unknown)),
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)
