@@ -547,7 +547,9 @@ def _write_outcome(out: Path, name: str, outcome: dict[str, Any]) -> dict[str, A
 def _cluster_client(distributed, client, scheduler: str | None, n_workers: int | None):
     """The given client (left open), a client of ``scheduler`` (closed after), or a client of
     a new LocalCluster with ``n_workers`` (default: one per core) single-threaded worker
-    processes (both closed after)."""
+    processes (both closed after), without dashboards and without the workers' statistical
+    profiler (a thread sampling the task's stack every 10 ms for the dashboard, which costs a
+    worker CPU time that the fits need)."""
     if client is not None:
         yield client
     elif scheduler is not None:
@@ -557,8 +559,9 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
         import dask
 
         n = n_workers or os.cpu_count() or 1
-        one_thread = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS}
-        with dask.config.set(one_thread), distributed.LocalCluster(
+        settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS}
+        settings["distributed.worker.profile.enabled"] = False
+        with dask.config.set(settings), distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as c:
             yield c

@@ -91,13 +91,16 @@ def test_summary_rows_statuses_and_error_file(batch, spec):
         assert row["seconds"] > 0 and 0 < row["cpu_seconds"] <= row["seconds"] * 1.05 + 0.5
 
 
-def test_workers_run_blas_on_one_thread(client):
+def test_workers_run_blas_on_one_thread_without_profiler(client):
     """Checked inside the worker processes with threadpoolctl (the fixture's cluster is made as
     fit_many makes its own)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     numpy_blas = {w: [i["num_threads"] for i in info if i["user_api"] == "blas"]
                   for w, info in client.run(lambda: (__import__("numpy"), threadpoolctl.threadpool_info())[1]).items()}
     assert len(numpy_blas) == 2 and all(threads and set(threads) == {1} for threads in numpy_blas.values()), numpy_blas
+    # and without the statistical profiler (for the dashboard): no periodic stack-sampling callback
+    callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+    assert len(callbacks) == 2 and all("heartbeat" in c and "profile" not in c for c in callbacks.values()), callbacks
 
 
 def test_worker_fit_equals_serial_fit(batch, spec, datasets):
