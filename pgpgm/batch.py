@@ -547,9 +547,13 @@ def _write_outcome(out: Path, name: str, outcome: dict[str, Any]) -> dict[str, A
 def _cluster_client(distributed, client, scheduler: str | None, n_workers: int | None):
     """The given client (left open), a client of ``scheduler`` (closed after), or a client of
     a new LocalCluster with ``n_workers`` (default: one per core) single-threaded worker
-    processes (both closed after), without dashboards and without the workers' statistical
-    profiler (a thread sampling the task's stack every 10 ms for the dashboard, which costs a
-    worker CPU time that the fits need)."""
+    processes (both closed after), without dashboards and with dask's monitoring slowed to
+    what a batch of fits needs (:data:`_QUIET`): the workers' statistical profiler off, and
+    the event-loop health check, the system monitor and the memory monitor every 1-2 s
+    instead of every 20, 500 and 100 ms. An idle 2-worker cluster then takes 0.6 s of CPU per
+    30 s instead of 3.3 s (parent 0.34 instead of 1.9, each worker 0.14 instead of 0.7;
+    benchmarks/RESULTS.md): CPU that the fits need on a machine with as many cores as
+    workers."""
     if client is not None:
         yield client
     elif scheduler is not None:
@@ -559,8 +563,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
         import dask
 
         n = n_workers or os.cpu_count() or 1
-        settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS}
-        settings["distributed.worker.profile.enabled"] = False
+        settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS} | _QUIET
         with dask.config.set(settings), distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as c:
@@ -568,3 +571,9 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
 
 
 _BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_QUIET = {  # dask settings of fit_many's own LocalCluster (see _cluster_client)
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}

@@ -98,9 +98,11 @@ def test_workers_run_blas_on_one_thread_without_profiler(client):
     numpy_blas = {w: [i["num_threads"] for i in info if i["user_api"] == "blas"]
                   for w, info in client.run(lambda: (__import__("numpy"), threadpoolctl.threadpool_info())[1]).items()}
     assert len(numpy_blas) == 2 and all(threads and set(threads) == {1} for threads in numpy_blas.values()), numpy_blas
-    # and without the statistical profiler (for the dashboard): no periodic stack-sampling callback
-    callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+    # and without the statistical profiler (for the dashboard): no periodic stack-sampling callback;
+    # the event-loop health check runs every second, not every 20 ms
+    callbacks = client.run(lambda dask_worker: {k: c.callback_time for k, c in dask_worker.periodic_callbacks.items()})
     assert len(callbacks) == 2 and all("heartbeat" in c and "profile" not in c for c in callbacks.values()), callbacks
+    assert all(c["tick"] == 1000 for c in callbacks.values()), callbacks
 
 
 def test_worker_fit_equals_serial_fit(batch, spec, datasets):
