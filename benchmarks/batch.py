@@ -4,12 +4,16 @@ FitzHugh-Nagumo, R observed, data simulated with seeds 0..n-1; every fit has pgp
 default budget (2 chains of at most 1500 + 2000 gradient-matching iterations, stopped early when
 they agree) and, unless told
 otherwise, the Laplace posterior (step 4 by NUTS would dominate and is not what this
-measures). Both sides do the same work per fit: BLAS limited to one thread, ``cores=1``
-(:func:`pgpgm.batch.run_job`; threadpoolctl on the serial side), and the serial side runs after one warm-up fit (its numba /
-PyTensor compilation is reported apart), while the cluster's time includes starting the
-cluster and each worker's compilation. The cluster's estimates are checked to equal the
-serial ones. A second run on a cluster whose workers each did one warm-up fit first (as the serial
-side did) gives the steady-state throughput; its start-up and warm-up are reported apart.
+measures). Both sides do the same work per fit: BLAS limited to one thread, ``cores=1``, the
+fit and the writing of its result file (:func:`pgpgm.batch.fit_and_save`, what a worker of
+``fit_many``'s own LocalCluster runs; threadpoolctl on the serial side), and the serial side
+runs after one warm-up fit (its numba / PyTensor compilation is reported apart), while the
+cluster's time includes starting the cluster and each worker's compilation. The cluster's
+estimates are checked to equal the serial ones. A second run on a cluster made as fit_many
+makes its own, whose workers each did one warm-up fit first (as the serial side did), gives the
+steady-state throughput; its start-up and warm-up are reported apart, and its CPU accounting
+(the workers' whole process CPU - fits, saves, dask - and the parent's) gives the speed-up the
+CPU times allow, the fairer figure on a shared machine.
 
 Overhead of the cluster: start-up and shutdown of a LocalCluster with no work, and the
 wall time per trivial task (n no-op tasks through the scheduler).
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     import pgpgm
-    from pgpgm.batch import FitJob, run_job
+    from pgpgm.batch import FitJob, _cluster_client, fit_and_save, result_path
 
     load_before = os.getloadavg()
     spec = pgpgm.load_model("fitzhugh-nagumo")
@@ -60,43 +64,51 @@ def main(argv=None) -> int:
     opts = {"draws": a.draws, "tune": a.tune, "posterior": None if a.posterior == "none" else a.posterior}
     jobs = [FitJob(f"fhn_R_seed{k}", spec, spec.simulate(case, seed=k), ["R"], case=case) for k in range(a.n)]
 
-    t = time.perf_counter()
-    run_job(FitJob("warmup", spec, spec.simulate(case, seed=10_000), ["R"], case=case), {**opts, "draws": 50,
-                                                                                         "tune": 50})
-    warmup = time.perf_counter() - t
-    t, c = time.perf_counter(), time.process_time()
-    with threadpool_limits(limits=1):  # as on the workers, whose nanny sets OMP/OPENBLAS/MKL_NUM_THREADS=1
-        serial = [run_job(job, opts)[0] for job in jobs]
-    t_serial, cpu_serial = time.perf_counter() - t, time.process_time() - c
-    print(f"serial: {t_serial:.1f} s for {a.n} fits ({t_serial / a.n:.2f} s per fit; warm-up {warmup:.1f} s)")
-
     out = Path(tempfile.mkdtemp(prefix="pgpgm_batch_bench_"))
     try:
+        t = time.perf_counter()
+        fit_and_save(FitJob("warmup", spec, spec.simulate(case, seed=10_000), ["R"], case=case),
+                     out / "warmup_serial", {**opts, "draws": 50, "tune": 50})
+        warmup = time.perf_counter() - t
+        t, c = time.perf_counter(), time.process_time()
+        with threadpool_limits(limits=1):  # as on the workers, whose nanny sets OMP/OPENBLAS/MKL_NUM_THREADS=1
+            serial_rows = [fit_and_save(job, out / "serial", opts) for job in jobs]
+        t_serial, cpu_serial = time.perf_counter() - t, time.process_time() - c
+        assert all(r["status"] == "ok" for r in serial_rows), [r["error"] for r in serial_rows]
+        serial_fit_cpu = sum(r["cpu_seconds"] for r in serial_rows)
+        print(f"serial: {t_serial:.1f} s for {a.n} fits and saves ({t_serial / a.n:.2f} s per fit; "
+              f"warm-up {warmup:.1f} s)")
+
+        def thetas(folder: Path) -> list[np.ndarray]:
+            return [pgpgm.load_result(result_path(folder, j.name)).estimates["theta"].values for j in jobs]
+
+        serial = thetas(out / "serial")
         # 1. the default: fit_many starts its own LocalCluster (start-up and each worker's first
         #    imports and compiled-code loading included)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         table = pgpgm.fit_many(jobs, out / "default", n_workers=a.workers, progressbar=False, **opts)
-        t_cluster = time.perf_counter() - t
-        same = all(np.array_equal(pgpgm.load_result(out / "default" / f"{j.name}.nc").estimates["theta"].values,
-                                  s.estimates["theta"].values) for j, s in zip(jobs, serial))
+        t_cluster, cpu_parent = time.perf_counter() - t, time.process_time() - c
+        same = all(np.array_equal(x, y) for x, y in zip(thetas(out / "default"), serial))
         # 2. the same on a cluster whose workers are warm (each did one warm-up fit, as the
         #    serial side did before its clock started): the steady-state throughput
         t = time.perf_counter()
-        with distributed.LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True,
-                                      dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        with _cluster_client(distributed, None, None, a.workers) as client:  # as fit_many makes its own
             t_up_warm = time.perf_counter() - t
             t = time.perf_counter()
             warm_jobs = [FitJob(f"warmup{w}", spec, spec.simulate(case, seed=10_000 + w), ["R"], case=case)
                          for w in range(a.workers)]
-            pgpgm.fit_many(warm_jobs, out / "warmup", client=client, progressbar=False, **{**opts, "draws": 50,
-                                                                                            "tune": 50})
+            pgpgm.fit_many(warm_jobs, out / "warmup", client=client, save_on_workers=True, progressbar=False,
+                           **{**opts, "draws": 50, "tune": 50})
             t_warm_workers = time.perf_counter() - t
-            t = time.perf_counter()
-            pgpgm.fit_many(jobs, out / "steady", client=client, progressbar=False, **opts)
-            t_steady = time.perf_counter() - t
+            t, c, cpu_w = time.perf_counter(), time.process_time(), client.run(time.process_time)
+            steady = pgpgm.fit_many(jobs, out / "steady", client=client, save_on_workers=True, progressbar=False,
+                                    **opts)
+            t_steady, cpu_parent_steady = time.perf_counter() - t, time.process_time() - c
+            cpu_workers_steady = sum(client.run(time.process_time).values()) - sum(cpu_w.values())
+        same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "steady"), serial))
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    assert (table["status"] == "ok").all(), table[["name", "status", "error"]]
+    assert (table["status"] == "ok").all() and (steady["status"] == "ok").all(), table[["name", "status", "error"]]
     print(f"cluster ({a.workers} workers): {t_cluster:.1f} s; speed-up {t_serial / t_cluster:.2f}x; "
           f"estimates equal to serial: {same}; warm workers: {t_steady:.1f} s, speed-up {t_serial / t_steady:.2f}x "
           f"(start-up {t_up_warm:.1f} s, workers' warm-up fits {t_warm_workers:.1f} s)")
@@ -116,21 +128,33 @@ def main(argv=None) -> int:
     ideal = t_serial / a.workers
     rows = [
         ("fits", a.n), ("workers", a.workers), ("posterior", a.posterior), ("draws + tune per chain", a.draws + a.tune),
-        ("serial wall (s)", t_serial), ("serial per fit (s)", t_serial / a.n), ("serial warm-up fit (s)", warmup),
+        ("serial wall, fits and saves (s)", t_serial), ("serial per fit (s)", t_serial / a.n),
+        ("serial warm-up fit (s)", warmup),
         ("cluster wall incl. start-up and compilation (s)", t_cluster), ("speed-up", t_serial / t_cluster),
-        ("serial CPU time (s)", cpu_serial),
+        ("serial CPU time, fits and saves (s)", cpu_serial),
+        ("serial CPU time of the fits alone, per fit (s)", serial_fit_cpu / a.n),
+        ("serial CPU time of a save, per fit (s)", (cpu_serial - serial_fit_cpu) / a.n),
         ("median fit time on a worker (s)", float(np.median(fit_seconds))),
         ("workers' CPU time in fits, total (s)", float(table["cpu_seconds"].sum())),
-        ("speed-up the CPU times allow (serial CPU / (worker CPU / workers))",
-         cpu_serial / (float(table["cpu_seconds"].sum()) / a.workers)),
+        ("workers' CPU time in fits, per fit (s)", float(table["cpu_seconds"].mean())),
+        ("speed-up the CPU times allow (serial fit CPU / (worker fit CPU / workers))",
+         serial_fit_cpu / (float(table["cpu_seconds"].sum()) / a.workers)),
         ("cluster wall minus serial/workers, per fit (s)", (t_cluster - ideal) / a.n),
+        ("parent's CPU time during fit_many, per fit (s)", cpu_parent / a.n),
         ("warm workers: cluster start-up (s)", t_up_warm),
         ("warm workers: one warm-up fit per worker (s)", t_warm_workers),
         ("warm workers: wall for the fits (s)", t_steady),
+        ("warm workers: median fit time on a worker (s)", float(steady["seconds"].median())),
+        ("warm workers: CPU time in fits, per fit (s)", float(steady["cpu_seconds"].mean())),
+        ("warm workers: wall minus serial/workers, per fit (s)", (t_steady - ideal) / a.n),
+        ("warm workers: workers' whole CPU time (fits, saves, dask), per fit (s)", cpu_workers_steady / a.n),
+        ("warm workers: parent's CPU time, per fit (s)", cpu_parent_steady / a.n),
+        ("warm workers: speed-up the CPU times allow (serial CPU / (all CPU / workers))",
+         cpu_serial / ((cpu_workers_steady + cpu_parent_steady) / a.workers)),
         ("steady-state speed-up (serial wall / warm workers' wall)", t_serial / t_steady),
         ("LocalCluster start-up (s)", t_up), ("LocalCluster shutdown (s)", t_down),
         (f"trivial task through the scheduler, per task ({a.n} tasks) (ms)", 1000 * t_tasks / a.n),
-        ("estimates equal to serial", same),
+        ("estimates equal to serial (both clusters)", same),
     ]
     cmd = "python benchmarks/batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"# Many fits: serial vs LocalCluster ({datetime.date.today().isoformat()})", "",

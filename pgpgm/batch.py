@@ -4,9 +4,12 @@ A study fits one model (or several) to many data sets - subjects, wells, replica
 seeds of a simulation study. :func:`fit_many` sends every job to a dask cluster (a
 ``LocalCluster`` with one single-threaded worker process per core unless told otherwise),
 writes each finished fit at once to ``out_dir/<name>.nc`` (atomically, with a checksum:
-:meth:`pgpgm.FitResult.save`), records a failed fit's error in ``out_dir/<name>.error.json``
-without stopping the others, skips jobs whose result file already exists and verifies on a
-rerun, and returns (and writes to ``out_dir/summary.csv``) one summary row per job.
+:meth:`pgpgm.FitResult.save`; on the worker that ran it when the cluster is the LocalCluster
+started here, else in the calling process unless ``save_on_workers=True``), records a failed
+fit's error in ``out_dir/<name>.error.json`` without stopping the others, skips jobs whose
+result file already exists and verifies on a rerun, and returns (and writes to
+``out_dir/summary.csv``) one summary row per job. :func:`fit_and_save` does one job's work
+in the calling process.
 
 Jobs come from :func:`jobs_from_folder` (a folder of tidy CSVs), :func:`jobs_from_tidy_csv`
 (one tidy CSV with a ``dataset`` column), :func:`product_jobs` (data sets x models x
@@ -249,17 +252,33 @@ def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
     return result, messages
 
 
-def _worker_task(job: FitJob, fit_defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _worker_task(job: FitJob, fit_defaults: Mapping[str, Any], out_dir: str | None = None) -> dict[str, Any]:
     """What runs on a dask worker: the fit, or its error as plain data (never raises for a
-    failed fit, so dask need not pickle arbitrary exceptions)."""
+    failed fit, so dask need not pickle arbitrary exceptions). With ``out_dir`` (a folder
+    this process shares with the caller) the outcome is written there by :func:`_write_outcome`
+    and only the summary row comes back (``{"row": ...}``)."""
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         result, messages = run_job(job, fit_defaults)
     except Exception as exc:  # a failed fit is recorded, not raised: the other jobs go on
-        return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
-                "seconds": time.perf_counter() - t0}
-    return {"ok": True, "result": result, "warnings": messages, "seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - c0}
+        outcome = {"ok": False, "type": type(exc).__name__, "message": str(exc),
+                   "traceback": traceback.format_exc(), "seconds": time.perf_counter() - t0}
+    else:
+        outcome = {"ok": True, "result": result, "warnings": messages, "seconds": time.perf_counter() - t0,
+                   "cpu_seconds": time.process_time() - c0}
+    if out_dir is None:
+        return outcome
+    return {"row": _write_outcome(Path(out_dir), job.name, outcome)}
+
+
+def fit_and_save(job: FitJob, out_dir: str | Path, fit_defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Fit one job in this process and write its outcome to ``out_dir`` exactly as a worker
+    of :func:`fit_many` does (``<name>.nc`` by :meth:`pgpgm.FitResult.save`, or
+    ``<name>.error.json``); the job's summary row (:func:`summary_row`). A failed fit is
+    recorded, not raised. ``out_dir`` is created if missing."""
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return _worker_task(job, dict(fit_defaults or {}), str(out))["row"]
 
 
 # ---------------------------------------------------------------------------------- files
@@ -376,7 +395,8 @@ def _finished(path: Path):
 
 
 def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, scheduler: str | None = None,
-             n_workers: int | None = None, progressbar: bool = True, **fit_defaults) -> pd.DataFrame:
+             n_workers: int | None = None, save_on_workers: bool | None = None, progressbar: bool = True,
+             **fit_defaults) -> pd.DataFrame:
     """Run many fits on a dask cluster, writing each result as soon as it is done.
 
     Parameters
@@ -396,6 +416,13 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     n_workers : int, optional
         Workers of the default ``LocalCluster`` (default: one per CPU core), each a process
         with one thread; started and closed here.
+    save_on_workers : bool, optional
+        Where the result and error files are written. True: by the worker that ran the fit,
+        into ``out_dir`` resolved to an absolute path here, and only the summary row comes
+        back - every worker must see ``out_dir`` at that path (a shared file system). False:
+        in this process, the whole result sent back by the worker. Default (None): True for
+        the LocalCluster started here, False for ``client=`` or ``scheduler=`` (pass True when
+        those workers share this machine's file system, e.g. your own LocalCluster).
     progressbar : bool
         A tqdm bar over the jobs.
     **fit_defaults
@@ -417,8 +444,12 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     chains one after the other (``cores=1``): the parallelism is across fits. A fit on a
     worker gives the same numbers as :func:`pgpgm.fit` in this process with the same
     options and seed. A worker that dies (e.g. out of memory) fails
-    its job only (after dask's retries on other workers). Results travel back to this
-    process and are written here, so remote workers need no access to ``out_dir``.
+    its job only (after dask's retries on other workers). Files are written by the workers
+    or by this process (``save_on_workers``); either way with the same function, atomically,
+    so a file at ``<name>.nc`` is always a whole verified result. Saving a fit of the default
+    budget with a Laplace posterior costs 0.7-1 s of CPU (benchmarks/RESULTS.md), which is why the
+    LocalCluster's workers save their own results rather than this process competing with
+    them for the cores.
 
     A rerun recognises a finished job by its verified file alone, not by its options: delete
     ``<name>.nc`` (or use another ``out_dir``) to refit a job with new options.
@@ -441,6 +472,10 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
         raise DataError("give at most one of client= and scheduler=")
     if n_workers is not None and (client is not None or scheduler is not None):
         raise DataError("n_workers= sizes the default LocalCluster; it cannot be combined with client= or scheduler=")
+    if save_on_workers not in (None, True, False):
+        raise DataError(f"save_on_workers must be True, False or None (the default), got {save_on_workers!r}")
+    if save_on_workers is None:
+        save_on_workers = client is None and scheduler is None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from tqdm.auto import tqdm
@@ -458,7 +493,8 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
         if todo:
             distributed = _import_distributed()
             with _cluster_client(distributed, client, scheduler, n_workers) as c:
-                futures = {c.submit(_worker_task, job, dict(fit_defaults), key=f"pgpgm-fit-{job.name}-"
+                where = str(out.resolve()) if save_on_workers else None
+                futures = {c.submit(_worker_task, job, dict(fit_defaults), where, key=f"pgpgm-fit-{job.name}-"
                                     f"{uuid.uuid4().hex[:8]}", pure=False): job for job in todo}
                 for future in distributed.as_completed(futures):
                     job = futures[future]
@@ -475,28 +511,49 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
 
 
 def _record(out: Path, job: FitJob, future) -> dict[str, Any]:
-    """Write the outcome of one finished future (result file or error file); its summary row."""
+    """The summary row of one finished future, its outcome written here (result file or error
+    file) unless the worker wrote it."""
     try:
         outcome = future.result()
     except Exception as exc:  # the worker died or the task could not run at all
         outcome = {"ok": False, "type": type(exc).__name__, "message": str(exc),
                    "traceback": "".join(traceback.format_exception(exc)), "seconds": float("nan")}
-    err = error_path(out, job.name)
+    if "row" in outcome:
+        return outcome["row"]
+    return _write_outcome(out, job.name, outcome)
+
+
+def _write_outcome(out: Path, name: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """Write one job's outcome (:func:`_worker_task`'s dict) to ``out``: its result file
+    (removing an error file of an earlier run) or its error file, both atomically; its summary
+    row. A result that cannot be saved fails the job (its error file says why)."""
+    err = error_path(out, name)
     if outcome["ok"]:
-        outcome["result"].save(result_path(out, job.name))
-        err.unlink(missing_ok=True)
-        return summary_row(job.name, outcome["result"], seconds=outcome["seconds"],
-                           cpu_seconds=outcome["cpu_seconds"], warnings_=outcome["warnings"])
+        try:
+            outcome["result"].save(result_path(out, name))
+        except Exception as exc:  # e.g. a full disk: this job fails, the others go on
+            outcome = {"ok": False, "type": type(exc).__name__, "message": f"the fit succeeded but saving it "
+                       f"failed: {exc}", "traceback": traceback.format_exc(), "seconds": outcome["seconds"]}
+        else:
+            err.unlink(missing_ok=True)
+            return summary_row(name, outcome["result"], seconds=outcome["seconds"],
+                               cpu_seconds=outcome["cpu_seconds"], warnings_=outcome["warnings"])
     record = {k: outcome[k] for k in ("type", "message", "traceback", "seconds")}
-    _atomic_write_text(err, json.dumps({"name": job.name, **record}, indent=1, default=float) + "\n")
-    return _failed_row(job.name, outcome["type"], outcome["message"], outcome["seconds"])
+    _atomic_write_text(err, json.dumps({"name": name, **record}, indent=1, default=float) + "\n")
+    return _failed_row(name, outcome["type"], outcome["message"], outcome["seconds"])
 
 
 @contextlib.contextmanager
 def _cluster_client(distributed, client, scheduler: str | None, n_workers: int | None):
     """The given client (left open), a client of ``scheduler`` (closed after), or a client of
     a new LocalCluster with ``n_workers`` (default: one per core) single-threaded worker
-    processes (both closed after)."""
+    processes (both closed after), without dashboards and with dask's monitoring slowed to
+    what a batch of fits needs (:data:`_QUIET`): the workers' statistical profiler off, and
+    the event-loop health check, the system monitor and the memory monitor every 1-2 s
+    instead of every 20, 500 and 100 ms. An idle 2-worker cluster then takes 0.55 s of CPU per
+    30 s instead of 4.1 s with dask's defaults (parent 0.31 instead of 1.70, each worker 0.12
+    instead of 1.2; benchmarks/cluster_idle.py): CPU that the fits need on a machine with as
+    many cores as workers."""
     if client is not None:
         yield client
     elif scheduler is not None:
@@ -506,11 +563,17 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
         import dask
 
         n = n_workers or os.cpu_count() or 1
-        one_thread = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS}
-        with dask.config.set(one_thread), distributed.LocalCluster(
+        settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS} | _QUIET
+        with dask.config.set(settings), distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as c:
             yield c
 
 
 _BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_QUIET = {  # dask settings of fit_many's own LocalCluster (see _cluster_client)
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}

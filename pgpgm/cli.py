@@ -135,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scheduler", default=None, help="address of a running dask scheduler, e.g. tcp://host:8786 "
                    "(default: a LocalCluster on this machine)")
     b.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
+    b.add_argument("--save-on-workers", action="store_true", help="with --scheduler: the workers write the result "
+                   "files themselves (they must see --out at the same absolute path); the LocalCluster's always do")
     b.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE", help="initial values of latent states")
     b.add_argument("--kernel", default=None, help="rbf, matern52 or sigmoid (default: the file's or rbf)")
     b.add_argument("--gamma", type=float, default=None, help="gradient-matching mismatch variance (default 0.3)")
@@ -442,7 +444,7 @@ def _batch(a) -> int:
     build = jobs_from_folder if a.data.is_dir() else jobs_from_tidy_csv
     jobs = build(a.data, spec, observed=a.observe)
     table = pgpgm.fit_many(jobs, out, scheduler=a.scheduler, n_workers=a.workers, progressbar=not a.no_progress,
-                           **opts)
+                           save_on_workers=True if a.save_on_workers else None, **opts)
     shown = table[[c for c in ("name", "status", "seconds", "refinement_cost", "max_rhat", "error") if c in table]]
     print(shown.to_string(index=False))
     counts = table["status"].value_counts()

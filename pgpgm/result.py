@@ -150,11 +150,14 @@ class FitResult:
         The file holds the posterior DataTree's groups plus ``pgpgm_estimates`` and
         ``pgpgm_trajectories``, the system, timings and solve counts as attributes, and a
         SHA-256 digest of all of it (attribute ``pgpgm_sha256``) that :func:`load_result`
-        checks. It is written to a hidden temporary file in the same folder, flushed to
-        disk, verified, and then renamed over ``path``: an interrupted save leaves an
-        earlier file at ``path`` intact (and, at worst, a ``.<name>.<random>.tmp`` file
-        behind). The new file gets the default permissions, not those of a file it
-        replaces.
+        checks. It is written to a hidden temporary file in the same folder; the digest is
+        computed by reading that file back (so every stored value has been read from disk
+        once), the stored digest is read back once more, the file is flushed to disk and
+        then renamed over ``path``: an interrupted save leaves an earlier file at ``path``
+        intact (and, at worst, a ``.<name>.<random>.tmp`` file behind). The new file gets the
+        default permissions, not those of a file it replaces. Arrays are stored
+        uncompressed, in full float64 (a Laplace or NUTS posterior of a fit carries each
+        draw's trajectories: 2000 draws x 400 times x 2 states are 12.8 MB).
 
         Returns
         -------
@@ -176,9 +179,10 @@ class FitResult:
         try:
             tree.to_netcdf(tmp, engine="h5netcdf")
             with h5netcdf.File(tmp, "a") as f:
-                f.attrs[CHECKSUM_ATTR] = _digest(f)
+                digest = _digest(f)  # reads every value back from the written file
+                f.attrs[CHECKSUM_ATTR] = digest
             try:
-                _verify(tmp)
+                _check_stored_digest(tmp, digest)
             except ResultFileError as exc:
                 raise ResultFileError(f"saving the result to {path} failed: the written file does not verify "
                                       f"({exc}); any earlier file at {path} is untouched") from exc
@@ -290,6 +294,21 @@ def _verify(path: Path, *, require_checksum: bool = True) -> None:
                               f"{actual[:12]}...); save the result again or restore a copy")
 
 
+def _check_stored_digest(path: Path, digest: str) -> None:
+    """Raise :class:`ResultFileError` unless the closed file at ``path`` opens, has the groups
+    of a result file and stores ``digest`` (the content itself was read back when the digest
+    was computed: a second full pass, as :func:`_verify` makes, would double the save's cost)."""
+    try:
+        with h5netcdf.File(path, "r") as f:
+            stored = _plain(f.attrs.get(CHECKSUM_ATTR))
+            missing = [g for g in _GROUPS if g not in f.groups]
+    except Exception as exc:  # any failure to read the HDF5 structure means a damaged file
+        raise ResultFileError(f"{path} cannot be read as HDF5/NetCDF ({type(exc).__name__}: {exc})") from exc
+    if missing or stored != digest:
+        raise ResultFileError(f"{path} lacks the group(s) {missing} or its stored checksum {stored!r} is not the "
+                              f"one written ({digest})")
+
+
 def _fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
     try:
@@ -343,7 +362,10 @@ def load_result(path: str | Path, *, verify: bool = True) -> FitResult:
         del post[g]
     for key in (CHECKSUM_ATTR, "pgpgm_system", "pgpgm_timings", "pgpgm_n_ode_solves"):
         post.attrs.pop(key, None)
-    gm = extra["pgpgm_gradient_matching"].copy() if "pgpgm_gradient_matching" in extra else post
+    gm = post
+    if "pgpgm_gradient_matching" in extra:
+        gm = extra["pgpgm_gradient_matching"].copy()
+        gm.name = None  # a root again, as it was saved (not named after its group in the file)
     diag = extra["pgpgm_diagnostics"].to_dataset() if "pgpgm_diagnostics" in extra else None
     return FitResult(system, post, estimates, trajectories, timings, n_ode_solves, gm, diag)
 

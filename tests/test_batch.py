@@ -91,13 +91,18 @@ def test_summary_rows_statuses_and_error_file(batch, spec):
         assert row["seconds"] > 0 and 0 < row["cpu_seconds"] <= row["seconds"] * 1.05 + 0.5
 
 
-def test_workers_run_blas_on_one_thread(client):
+def test_workers_run_blas_on_one_thread_without_profiler(client):
     """Checked inside the worker processes with threadpoolctl (the fixture's cluster is made as
     fit_many makes its own)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     numpy_blas = {w: [i["num_threads"] for i in info if i["user_api"] == "blas"]
                   for w, info in client.run(lambda: (__import__("numpy"), threadpoolctl.threadpool_info())[1]).items()}
     assert len(numpy_blas) == 2 and all(threads and set(threads) == {1} for threads in numpy_blas.values()), numpy_blas
+    # and without the statistical profiler (for the dashboard): no periodic stack-sampling callback;
+    # the event-loop health check runs every second, not every 20 ms
+    callbacks = client.run(lambda dask_worker: {k: c.callback_time for k, c in dask_worker.periodic_callbacks.items()})
+    assert len(callbacks) == 2 and all("heartbeat" in c and "profile" not in c for c in callbacks.values()), callbacks
+    assert all(c["tick"] == 1000 for c in callbacks.values()), callbacks
 
 
 def test_worker_fit_equals_serial_fit(batch, spec, datasets):
@@ -130,6 +135,89 @@ def test_rerun_skips_finished_jobs_and_refits_damaged_or_failed(batch, client):
     assert result_path(out, "seed2").stat().st_mtime_ns == stamps["seed2"]
     assert third.loc[0, "theta1_refined"] == first.loc[0, "theta1_refined"]
     assert pgpgm.load_result(path).theta[0] == first.loc[0, "theta1_refined"]
+
+
+def _parent_must_not_save(monkeypatch):
+    """FitResult.save raises in this (the parent) process only: the workers are other processes."""
+    def refuse(self, path):
+        raise AssertionError(f"saved in the parent process: {path}")
+
+    monkeypatch.setattr(pgpgm.FitResult, "save", refuse)
+
+
+def _same_fit(a, b) -> None:
+    """Two loaded results hold the same numbers (every variable of every group; attributes such
+    as ArviZ's creation time aside)."""
+    xr = pytest.importorskip("xarray")
+    for part in ("estimates", "trajectories", "diagnostics"):
+        xr.testing.assert_equal(getattr(a, part), getattr(b, part))
+    xr.testing.assert_equal(a.posterior, b.posterior)
+    xr.testing.assert_equal(a.gradient_matching, b.gradient_matching)
+    assert a.estimates.attrs["refinement_cost"] == b.estimates.attrs["refinement_cost"]
+
+
+def test_workers_save_results_equal_to_a_serial_fit_and_record_failures(spec, datasets, client, tmp_path,
+                                                                        monkeypatch):
+    """save_on_workers=True on the 2-worker LocalCluster: the parent saves nothing, the files the
+    workers wrote load back equal to fit_and_save's in this process, a failed fit and a result
+    that cannot be saved (a folder in its place) are recorded without stopping the others, and a
+    rerun skips the finished jobs."""
+    from pgpgm.batch import fit_and_save
+
+    bad = datasets["seed1"].copy()
+    bad.loc[5, "value"] = np.inf
+    jobs = [FitJob("seed2", spec, datasets["seed2"], ["x1"], {"posterior": "laplace", "seed": 3}, case=CASE),
+            FitJob("bad", spec, bad, ["x1"], case=CASE),
+            FitJob("blocked", spec, datasets["seed1"], ["x1"], case=CASE)]
+    serial_row = fit_and_save(jobs[0], tmp_path / "serial", FAST)  # in this process, before save is patched
+    out = tmp_path / "workers"
+    out.mkdir()
+    result_path(out, "blocked").mkdir()  # a folder where the result file should go: saving it fails
+    with monkeypatch.context() as m:
+        _parent_must_not_save(m)
+        table = pgpgm.fit_many(jobs, out, client=client, save_on_workers=True, progressbar=False, **FAST)
+    assert table["status"].tolist() == ["ok", "failed", "failed"], table[["name", "status", "error"]]
+    assert "DataError" in table.loc[1, "error"] and "contain inf" in table.loc[1, "error"]
+    assert "ResultFileError" in table.loc[2, "error"] and "saving it failed" in table.loc[2, "error"]
+    assert json.loads(error_path(out, "bad").read_text())["type"] == "DataError"
+    assert json.loads(error_path(out, "blocked").read_text())["type"] == "ResultFileError"
+    assert not error_path(out, "seed2").exists()
+    remote, serial = pgpgm.load_result(result_path(out, "seed2")), pgpgm.load_result(result_path(tmp_path / "serial",
+                                                                                                  "seed2"))
+    _same_fit(remote, serial)
+    assert list(remote.estimates["estimate"].values) == ["sampled", "refined", "posterior"]
+    row = table.iloc[0]
+    for p in spec.system.parameters:  # the worker's summary row is the serial one
+        for col in (f"{p}_refined", f"{p}_mean", f"{p}_hdi_3%", f"{p}_hdi_97%"):
+            assert row[col] == serial_row[col]
+    assert row["max_rhat"] == serial_row["max_rhat"] and row["posterior"] == "laplace"
+    # rerun: the finished job is skipped (file untouched), the failed ones are tried again
+    stamp = result_path(out, "seed2").stat().st_mtime_ns
+    result_path(out, "blocked").rmdir()
+    with monkeypatch.context() as m:
+        _parent_must_not_save(m)
+        again = pgpgm.fit_many(jobs, out, client=client, save_on_workers=True, progressbar=False, **FAST)
+    assert again["status"].tolist() == ["skipped", "failed", "ok"]
+    assert result_path(out, "seed2").stat().st_mtime_ns == stamp
+    assert not error_path(out, "blocked").exists() and pgpgm.load_result(result_path(out, "blocked")).theta.shape == (4,)
+    assert again.loc[0, "theta1_refined"] == table.loc[0, "theta1_refined"]
+
+
+def test_own_local_cluster_saves_on_its_workers_by_default(spec, datasets, tmp_path, monkeypatch):
+    """fit_many's own LocalCluster (2 workers): the workers write the files (saving in this
+    process would raise), equal to fit_and_save's in this process."""
+    job = FitJob("seed1", spec, datasets["seed1"], ["x1"], case=CASE)
+    with monkeypatch.context() as m:
+        _parent_must_not_save(m)
+        table = pgpgm.fit_many([job], tmp_path, n_workers=2, progressbar=False, **FAST)
+        with pytest.raises(DataError, match="save_on_workers"):
+            pgpgm.fit_many([job], tmp_path, n_workers=2, save_on_workers="yes", progressbar=False)
+    assert table["status"].tolist() == ["ok"]
+    from pgpgm.batch import fit_and_save
+
+    assert fit_and_save(job, tmp_path / "serial", FAST)["status"] == "ok"
+    serial = pgpgm.load_result(result_path(tmp_path / "serial", "seed1"))
+    _same_fit(pgpgm.load_result(result_path(tmp_path, "seed1")), serial)
 
 
 def test_cli_batch_on_tidy_csv_with_dataset_column(batch, datasets, client, tmp_path, capsys):

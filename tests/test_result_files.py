@@ -99,6 +99,40 @@ def test_round_trip_is_identical_and_leaves_no_temporary_file(result, saved):
         assert len(f.attrs[CHECKSUM_ATTR]) == 64  # a SHA-256 hex digest is stored
 
 
+def test_round_trip_keeps_gradient_matching_and_diagnostics_identical(result, tmp_path):
+    """A result whose gradient-matching chains differ from its posterior (a fit with step 4 or
+    a Laplace posterior) and that carries diagnostics: every part comes back identical, the
+    gradient-matching tree a root as it was saved."""
+    import dataclasses
+
+    gm = make_result(5).posterior
+    gm.attrs["pgpgm_stopping"] = json.dumps({"rule": "agree", "iterations": [200, 200]})
+    diag = xr.Dataset({"rhat": (("sampler", "variable"), [[1.01, 1.2], [1.0, np.nan]]),
+                       "divergences": ("sampler", [0, 3])},
+                      coords={"sampler": ["gradient_matching", "posterior"], "variable": ["theta1", "theta2"]})
+    full = dataclasses.replace(result, gradient_matching=gm, diagnostics=diag)
+    back = load_result(full.save(tmp_path / "full.nc"))
+    assert same_result(back, full)
+    xr.testing.assert_identical(back.gradient_matching, gm)
+    assert back.gradient_matching.name is None and back.gradient_matching is not back.posterior
+    xr.testing.assert_identical(back.diagnostics, diag)
+    with pytest.raises(AssertionError):  # the comparison can fail
+        xr.testing.assert_identical(back.gradient_matching, result.posterior)
+
+
+def test_save_checks_the_stored_checksum_against_a_full_reread(saved):
+    """save() reads the data back once (to compute the digest) and checks the stored digest;
+    load_result's independent full pass agrees with it."""
+    from pgpgm.result import _check_stored_digest, _digest
+
+    with h5netcdf.File(saved, "r") as f:
+        stored, actual = f.attrs[CHECKSUM_ATTR], _digest(f)
+    assert stored == actual
+    _check_stored_digest(saved, actual)
+    with pytest.raises(ResultFileError, match="stored checksum"):
+        _check_stored_digest(saved, "0" * 64)
+
+
 def test_load_closes_the_file_and_saving_back_to_the_same_path_works(saved):
     back = load_result(saved)
     assert _open_fds_to(saved) == []
