@@ -330,8 +330,8 @@ def sample_posterior(
         Each chain alone adapts its mass matrix from its own few effective draws; pooled, the
         chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
         observed) that none covers alone. A later round runs ``draws`` to 4x ``draws``
-        iterations, as many as the previous round's min ESS says reach 1.2 x 400. The draws of the last
-        round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran and
+        iterations, as many as the previous round's min ESS per draw says reach 1.2 x 400.
+        The draws of the last round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran and
         ``json.loads(tree.attrs["pgpgm_round_problems"])`` why: for every round followed by
         another, the list of its failed checks. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
@@ -361,16 +361,18 @@ def sample_posterior(
                    target_accept=target_accept)
     tree = pm.sample(step=step, initvals=starts, **common)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
-    rounds, reasons = 1, []
+    rounds, reasons, n_draws = 1, [], draws
     while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
         diag = diagnose(tree, names)
         found = problems(diag)
         if not found:
             break
         reasons.append(found)
-        # the last round's ESS says how many draws reach the target (at least as many, at most 4x)
+        # the last round's ESS per draw says how many draws reach the target (from draws to 4x draws):
+        # measured on LV x1 large noise, seed 1, a round of 2000 draws failed by one divergence only,
+        # and a next round of just `draws` (500) then fell short of the ESS
         ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
-        n_draws = int(np.ceil(draws * float(np.clip(1.2 * ESS_MIN / max(ess, 1.0), 1.0, 4.0))))
+        n_draws = int(np.ceil(np.clip(n_draws * 1.2 * ESS_MIN / max(ess, 1.0), draws, 4 * draws)))
         post = tree.posterior
         starts = [{rv.name: np.asarray(post[rv.name].values[c, -1], float) for rv in space.rvs}
                   for c in range(post.sizes["chain"])]
