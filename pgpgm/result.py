@@ -182,7 +182,7 @@ class FitResult:
                 digest = _digest(f)  # reads every value back from the written file
                 f.attrs[CHECKSUM_ATTR] = digest
             try:
-                _check_stored_digest(tmp, digest)
+                _verify(tmp, written=digest)
             except ResultFileError as exc:
                 raise ResultFileError(f"saving the result to {path} failed: the written file does not verify "
                                       f"({exc}); any earlier file at {path} is untouched") from exc
@@ -267,22 +267,24 @@ def _digest(f: h5netcdf.File) -> str:
     return h.hexdigest()
 
 
-def _verify(path: Path, *, require_checksum: bool = True) -> None:
+def _verify(path: Path, *, require_checksum: bool = True, written: str | None = None) -> None:
     """Raise :class:`ResultFileError` unless ``path`` is a readable result file whose content
-    matches its stored checksum."""
+    matches its stored checksum. With ``written`` (the digest :meth:`FitResult.save` computed by
+    reading the file back), the stored checksum must be that digest and the content is not read
+    a second time (a second full pass would double the save's cost)."""
     name = path
     try:
         with h5netcdf.File(path, "r") as f:
             stored = f.attrs.get(CHECKSUM_ATTR)
             missing = [g for g in _GROUPS if g not in f.groups]
-            actual = _digest(f) if stored is not None else None
+            actual = written if written is not None else _digest(f) if stored is not None else None
     except Exception as exc:  # any failure to read the HDF5 structure means a damaged file
         raise ResultFileError(f"the result file {name} is damaged or truncated: it cannot be read as HDF5/NetCDF "
                               f"({type(exc).__name__}: {exc}); save the result again or restore a copy") from exc
     if missing:
         raise ResultFileError(f"{name} is not a pgpgm result file: it lacks the group(s) {missing} that "
                               "FitResult.save writes")
-    if stored is None:
+    if stored is None and written is None:
         if require_checksum:
             raise ResultFileError(f"the result file {name} has no checksum ({CHECKSUM_ATTR}), so it cannot be "
                                   "verified (it was written by an older pgpgm); load it unverified with "
@@ -290,23 +292,8 @@ def _verify(path: Path, *, require_checksum: bool = True) -> None:
         return
     if _plain(stored) != actual:
         raise ResultFileError(f"the result file {name} is damaged: its content does not match the checksum "
-                              f"written when it was saved (stored {_plain(stored)[:12]}..., now "
+                              f"written when it was saved (stored checksum {str(_plain(stored))[:12]}..., now "
                               f"{actual[:12]}...); save the result again or restore a copy")
-
-
-def _check_stored_digest(path: Path, digest: str) -> None:
-    """Raise :class:`ResultFileError` unless the closed file at ``path`` opens, has the groups
-    of a result file and stores ``digest`` (the content itself was read back when the digest
-    was computed: a second full pass, as :func:`_verify` makes, would double the save's cost)."""
-    try:
-        with h5netcdf.File(path, "r") as f:
-            stored = _plain(f.attrs.get(CHECKSUM_ATTR))
-            missing = [g for g in _GROUPS if g not in f.groups]
-    except Exception as exc:  # any failure to read the HDF5 structure means a damaged file
-        raise ResultFileError(f"{path} cannot be read as HDF5/NetCDF ({type(exc).__name__}: {exc})") from exc
-    if missing or stored != digest:
-        raise ResultFileError(f"{path} lacks the group(s) {missing} or its stored checksum {stored!r} is not the "
-                              f"one written ({digest})")
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -123,14 +123,14 @@ def test_round_trip_keeps_gradient_matching_and_diagnostics_identical(result, tm
 def test_save_checks_the_stored_checksum_against_a_full_reread(saved):
     """save() reads the data back once (to compute the digest) and checks the stored digest;
     load_result's independent full pass agrees with it."""
-    from pgpgm.result import _check_stored_digest, _digest
+    from pgpgm.result import _digest, _verify
 
     with h5netcdf.File(saved, "r") as f:
         stored, actual = f.attrs[CHECKSUM_ATTR], _digest(f)
     assert stored == actual
-    _check_stored_digest(saved, actual)
+    _verify(saved, written=actual)
     with pytest.raises(ResultFileError, match="stored checksum"):
-        _check_stored_digest(saved, "0" * 64)
+        _verify(saved, written="0" * 64)
 
 
 def test_load_closes_the_file_and_saving_back_to_the_same_path_works(saved):
