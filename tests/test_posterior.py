@@ -349,3 +349,18 @@ def test_step4_compiled_once_serves_a_second_data_set_with_its_own_numbers(fhn):
                                                              "_x0_V")})
     lp12, g12 = fn1(DictToArrayBijection.map({v.name: ValueSpace(m1).point(q)[v.name] for v in m1.value_vars}).data)
     assert lp12 == lp2 and np.array_equal(g12, g2)
+
+
+def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
+    """next_round_draws: the last round's min ESS per draw carried to 2 x 400, kept within
+    [draws, 4 draws]: 500 draws with ESS 412 (FitzHugh-Nagumo V seed 4) -> 971; 2000 draws with
+    ESS 54 -> the cap 2000; 2000 draws with ESS 5000 -> the floor 500; an ESS of 0 counts as 1."""
+    from pgpgm.diagnostics import ESS_MIN
+    from pgpgm.posterior import ROUND_ESS_MARGIN, next_round_draws
+
+    assert ROUND_ESS_MARGIN * ESS_MIN == 800
+    assert next_round_draws(500, 412.0, 500) == int(np.ceil(500 * 800 / 412))
+    assert next_round_draws(500, 412.0, 500) == 971
+    assert next_round_draws(2000, 54.0, 500) == 2000
+    assert next_round_draws(2000, 5000.0, 500) == 500
+    assert next_round_draws(500, 0.0, 500) == 2000
