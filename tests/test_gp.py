@@ -5,6 +5,7 @@ import pickle
 import mpmath as mp
 import numpy as np
 import pytest
+import sympy as sp
 from scipy import optimize
 
 from pgpgm import DataError, ModelDefinitionError
@@ -444,3 +445,104 @@ def test_sigmoid_fit_reaches_the_multistart_optimum(span):
     res = optimize.minimize(negative_log_marginal_likelihood, np.log([1.0, 1.0, 1.0, 0.1]),
                             args=(KERNELS["sigmoid"], t, z, None), jac=True, method="L-BFGS-B", bounds=box)
     assert res.fun > ref + 10
+
+
+# User kernels for the compiled pair loop: non-stationary (a polynomial in a, b) and stationary with |a - b|
+POLY = Kernel.from_expression("poly", "variance*(c + a*b)**2", ["variance", Hyperparameter("c", bounds=(0.1, 10.0))])
+OU = Kernel.from_expression("ou", "variance*exp(-abs(a-b)/l)", ["variance", Hyperparameter.lengthscale("l")])
+PAIRS = {**ALL, "poly": POLY, "ou": OU}
+PAIRS_HYPER = {**ALL_HYPER, "sigmoid": [1.5, 40.0, 0.3], "poly": [0.7, 1.7], "ou": [1.2, 0.8]}
+
+
+def _close(a, b, rtol):
+    """max |a - b| <= rtol * max |b| (relative to the matrix's scale: entries near 0 carry its rounding)."""
+    assert np.max(np.abs(a - b)) <= rtol * max(np.max(np.abs(b)), 1e-300), (np.max(np.abs(a - b)), np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_compiled_pair_loop_equals_numpy_and_finite_differences(name):
+    # On uneven times (no Toeplitz shortcut) K and every dK/dh come from one compiled pass over the
+    # pairs (Kernel._pairs_hyper); they must equal the numpy expressions (sympy.lambdify, row blocks)
+    # to rounding, and central differences of k in each hyperparameter.
+    kern, hyper = PAIRS[name], np.array(PAIRS_HYPER[name], float)
+    assert kern._pairs_hyper is not None and kern._pairs_hyper_no_variance is not None
+    rng = np.random.default_rng(7)
+    for n in (9, 1000):
+        t = np.sort(rng.uniform(0.0, 6.0, n))
+        numpy_full = kern._run(kern._f_hyper, t, t, hyper)
+        K, dK = kern.cov_with_hyper_grads(t, hyper)
+        for new, ref in zip([K, *dK], numpy_full):
+            _close(new, ref, 1e-13)
+        # the fit's form: lower triangles only, without dK/dv, matrices reused from a workspace
+        ws: list = []
+        for scale in (1.0, 1.3):
+            Kl, dKl = kern.cov_with_hyper_grads(t, hyper * scale, lower=True, workspace=ws, skip_variance=True)
+            ref = kern._run(kern._f_hyper, t, t, hyper * scale)
+            iv = kern.linear_variance
+            for j, new in enumerate([Kl, *dKl]):
+                if j - 1 == iv and iv is not None:
+                    assert new is None
+                    continue
+                _close(np.tril(new), np.tril(ref[j]), 1e-13)
+                assert not np.any(np.triu(new, 1))
+        # dK/dh against central differences of k: the whole matrix at n = 9, 6 entries at n = 1000
+        idx = (np.arange(n), slice(None)) if n == 9 else (rng.integers(0, n, 6), rng.integers(0, n, 6))
+        for j in range(hyper.size):
+            up, dn = hyper.copy(), hyper.copy()
+            up[j] *= 1 + 1e-6
+            dn[j] *= 1 - 1e-6
+            if n == 9:
+                fd = (kern.cov(t, t, up) - kern.cov(t, t, dn)) / (2e-6 * hyper[j])
+                _close(dK[j], fd, 1e-7)
+            else:
+                i, k = idx
+                fd = np.array([(kern.cov(t[[a]], t[[b]], up) - kern.cov(t[[a]], t[[b]], dn))[0, 0] for a, b in zip(i, k)])
+                fd /= 2e-6 * hyper[j]
+                # rounding of the difference quotient: ~1e-16 / 1e-6 of the scale of k
+                np.testing.assert_allclose(dK[j][i, k], fd, rtol=1e-6, atol=1e-8 * np.max(np.abs(dK[j])))
+
+
+def test_pair_loop_falls_back_to_numpy_for_functions_numba_cannot_print():
+    # exp2 (2**x) has a numpy form but no Python/numba one in sympy's printers: the kernel keeps working
+    from sympy.codegen.cfunctions import exp2
+
+    a, b, v, l = sp.symbols("a b variance l")
+    kern = Kernel.from_expression("rbf2", v * exp2(-(a - b) ** 2 / l**2), ["variance", Hyperparameter.lengthscale("l")])
+    assert kern._pairs_hyper is None
+    t, hyper = np.array([0.0, 0.4, 1.1, 2.0, 3.5]), [1.3, 0.9]
+    rbf = KERNELS["rbf"]  # exp2(-x) = exp(-x ln 2): the rbf with lengthscale l / sqrt(2 ln 2)
+    K, dK = kern.cov_with_hyper_grads(t, hyper)
+    r = np.sqrt(2 * np.log(2))
+    K_rbf, dK_rbf = rbf.cov_with_hyper_grads(t, [1.3, 0.9 / r])
+    np.testing.assert_allclose(K, K_rbf, rtol=1e-13)
+    np.testing.assert_allclose(dK[0], dK_rbf[0], rtol=1e-13)
+    np.testing.assert_allclose(dK[1], dK_rbf[1] / r, rtol=1e-13, atol=1e-15)
+
+
+def test_pair_loop_is_compiled_once_and_loaded_from_disk(tmp_path):
+    # A fresh process with an empty cache folder compiles the sigmoid kernel's pair loop; a second
+    # process finds its machine code on disk (numba cache=True beside the generated module) and
+    # compiles nothing, with the same matrices.
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent('''
+        import json
+        import numpy as np
+        from numba.core import event
+        from pgpgm.gp import KERNELS
+        t = np.sort(np.random.default_rng(0).uniform(0, 5, 30))
+        with event.install_recorder("numba:compile") as rec:
+            K, dK = KERNELS["sigmoid"].cov_with_hyper_grads(t, [1.5, 40.0, 0.3])
+        print(json.dumps({"compiles": sum(e.is_start for _, e in rec.buffer), "K": K.tolist(),
+                          "dK": [g.tolist() for g in dK]}))
+    ''')
+    env = {**os.environ, "PGPGM_CACHE_DIR": str(tmp_path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                      check=True, timeout=300).stdout) for _ in range(2)]
+    assert runs[0]["compiles"] >= 1 and runs[1]["compiles"] == 0
+    assert runs[0]["K"] == runs[1]["K"] and runs[0]["dK"] == runs[1]["dK"]
+    assert len(list((tmp_path / "kernels").glob("pgpgm_kernels_*.py"))) == 1
