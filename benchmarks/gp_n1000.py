@@ -10,6 +10,7 @@ both, and where one evaluation's time goes (kernel matrices, potrf, potri).
     ./run.sh bench gp_n1000            (or: cd benchmarks && python gp_n1000.py)
     cd benchmarks && python gp_n1000.py --n 5000 --rounds 1 --now-only    (time at N = 5000)
     cd benchmarks && python gp_n1000.py --cold      (one sigmoid fit in new processes, empty caches first)
+    cd benchmarks && python gp_n1000.py --matrices  (K and dK/dh on uneven times: numpy vs compiled loop)
 
 ``--cold``: for "before" and "now", one sigmoid fit (2 starts) in a new process with empty caches
 (PGPGM_CACHE_DIR, NUMBA_CACHE_DIR in a temporary folder), then in another new process with the caches
@@ -123,6 +124,32 @@ def cold(n: int) -> None:
                                  f"{os.getloadavg()[0]:.1f} at the end)")
 
 
+def matrices(n: int) -> None:
+    """--matrices: K and every dK/dh (the fit's form: lower triangles, no dK/dv) at n uneven times, by the
+    numpy expressions in row blocks (as before branch gpsig) and by the compiled pair loop; ms CPU."""
+    from pgpgm.gp import Hyperparameter, Kernel
+
+    rq = Kernel.from_expression("rq (user)", "variance*(1 + (a-b)**2/(2*al*l**2))**(-al)",
+                                ["variance", Hyperparameter.lengthscale("l"), Hyperparameter("al", bounds=(0.1, 100.0))])
+    kernels = {**KERNELS, "rq (user)": rq, "rbf+matern52": KERNELS["rbf"] + KERNELS["matern52"]}
+    hyper = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 50.0, 0.2], "rq (user)": [1.1, 0.6, 2.0],
+             "rbf+matern52": [1.3, 0.7, 0.8, 1.1]}
+    t = np.sort(np.random.default_rng(0).uniform(0, 10, n))
+    rows = []
+    with threadpool_limits(1):
+        for name, k in kernels.items():
+            h = np.array(hyper[name], float)
+            f = k._f_hyper if k.linear_variance is None else k._f_hyper_no_variance
+            ws_numpy, ws_loop = [], []
+            numpy_ms = 1e3 * cpu(lambda: k._run(f, t, t, h, lower=True, out=ws_numpy))
+            loop_ms = 1e3 * cpu(lambda: k.cov_with_hyper_grads(t, h, checked=True, lower=True, workspace=ws_loop,
+                                                               skip_variance=True))
+            rows.append({"kernel": name, "numpy row blocks ms": numpy_ms, "compiled pair loop ms": loop_ms,
+                         "ratio": loop_ms / numpy_ms})
+    write(f"gp_n{n}_matrices", rows, f"## Kernel matrices at N = {n} uneven times (CPU ms; 1-min load average "
+                                     f"{os.getloadavg()[0]:.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)
@@ -131,12 +158,15 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=["sigmoid", "matern52", "rbf"])
     ap.add_argument("--cold", action="store_true", help="one sigmoid fit in new processes, empty caches first")
     ap.add_argument("--cold-child", choices=["before", "now"], help=argparse.SUPPRESS)
+    ap.add_argument("--matrices", action="store_true", help="kernel matrices on uneven times: numpy vs compiled")
     args = ap.parse_args()
     N = args.n
     if args.cold_child:
         return cold_child(args.cold_child, N)
     if args.cold:
         return cold(N)
+    if args.matrices:
+        return matrices(N)
     t, y = series(N)
     modules = {"now": gpfit} if args.now_only else {"before": load_before(BEFORE), "now": gpfit}
     load0 = os.getloadavg()[0]
