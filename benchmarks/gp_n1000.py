@@ -100,7 +100,7 @@ def cold_child(label: str, n: int) -> None:
     w0, c0 = time.perf_counter(), time.process_time()
     # the compiled pair loop of the kernel's matrices, where the code has one: compiled or loaded here
     getattr(kernel, "_pairs_hyper_no_variance", None)
-    w1, c1 = time.perf_counter(), time.process_time()
+    c1 = time.process_time()
     m.fit_gp(t, y, kernel, n_starts=2, seed=0, **same_starts(label))
     print(f"{c1 - c0} {time.perf_counter() - w0} {time.process_time() - c0}")
 
@@ -130,7 +130,8 @@ def matrices(n: int) -> None:
     from pgpgm.gp import Hyperparameter, Kernel
 
     rq = Kernel.from_expression("rq (user)", "variance*(1 + (a-b)**2/(2*al*l**2))**(-al)",
-                                ["variance", Hyperparameter.lengthscale("l"), Hyperparameter("al", bounds=(0.1, 100.0))])
+                                ["variance", Hyperparameter.lengthscale("l"),
+                                 Hyperparameter("al", bounds=(0.1, 100.0))])
     kernels = {**KERNELS, "rq (user)": rq, "rbf+matern52": KERNELS["rbf"] + KERNELS["matern52"]}
     hyper = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 50.0, 0.2], "rq (user)": [1.1, 0.6, 2.0],
              "rbf+matern52": [1.3, 0.7, 0.8, 1.1]}
