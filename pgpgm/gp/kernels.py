@@ -241,7 +241,8 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
     """Python source of a numba function ``pairs(ta, tb, h, lower, out0, ..., out<M-1>)`` that writes
     ``out_m[i, j] = exprs[m](ta[i], tb[j]; h)`` for every column j (j <= i when ``lower``) in one pass.
 
-    ``exprs`` are in ``tau`` (``stationary``) or ``a``, ``b``, and the symbols ``hyper`` (h[0], ...).
+    ``exprs`` are in ``tau`` (``stationary``) or ``a``, ``b``, and the symbols ``hyper`` (values h[0], ...;
+    ``ta`` (NA,), ``tb`` (NB,), ``h`` (H,) and every ``out_m`` (NA, NB) float64, C-contiguous).
     Their common subexpressions are computed once (:func:`sympy.cse`), each where it first can be:
     those of h alone once, those of a alone once per row, those of b alone once per column (kept in an
     array), the rest per pair. Printed as the ODE kernels are (:mod:`pgpgm.ode.codegen`: numba
@@ -270,9 +271,9 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
     def hoist(e: sp.Expr) -> sp.Expr:
         """``e`` of a pair with its largest parts of fewer variables assigned outside the pair loop
         (e.g. a power of a row's term: a call of pow per row, not per pair)."""
-        lv = level_of(e)
         if e.is_Atom or not e.args:
             return e
+        lv = level_of(e)
         if lv != 3:
             return assign(next(hoisted), e, lv)
         return e.func(*(hoist(x) for x in e.args))
