@@ -9,6 +9,13 @@ both, and where one evaluation's time goes (kernel matrices, potrf, potri).
 
     ./run.sh bench gp_n1000            (or: cd benchmarks && python gp_n1000.py)
     cd benchmarks && python gp_n1000.py --n 5000 --rounds 1 --now-only    (time at N = 5000)
+    cd benchmarks && python gp_n1000.py --cold      (one sigmoid fit in new processes, empty caches first)
+    cd benchmarks && python gp_n1000.py --matrices  (K and dK/dh on uneven times: numpy vs compiled loop)
+
+``--cold``: for "before" and "now", one sigmoid fit (2 starts) in a new process with empty caches
+(PGPGM_CACHE_DIR, NUMBA_CACHE_DIR in a temporary folder), then in another new process with the caches
+the first filled: the process's wall time (imports included), the CPU time of compiling (or loading)
+the kernel's pair loop ("now" only), the fit's wall and CPU time including it.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from _common import write
 from pgpgm.gp import KERNELS, fit_gp
 from pgpgm.gp import fit as gpfit
 
-BEFORE = "72b1b99"  # main before branch gpfast: 102 evaluations and 3.55 s for the sigmoid fit (RESULTS.md)
+BEFORE = "01c5e49"  # main before branch gpsig: sigmoid 4.9-5.4 s, 79 evaluations (RESULTS.md, quiet machine)
 
 
 def load_before(commit: str):
@@ -78,17 +85,90 @@ def cpu(fn, repeat=10):
     return (time.process_time() - c) / repeat
 
 
+def series(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark's data: a noisy sine (sd 0.1) at n even times on [0, 10], seed 0."""
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 10, n)
+    return t, np.sin(t) + 0.1 * rng.standard_normal(n)
+
+
+def cold_child(label: str, n: int) -> None:
+    """One sigmoid fit with the code ``label`` in this (new) process; prints its wall and CPU seconds."""
+    m = load_before(BEFORE) if label == "before" else gpfit
+    t, y = series(n)
+    kernel = m.get_kernel("sigmoid")
+    w0, c0 = time.perf_counter(), time.process_time()
+    # the compiled pair loop of the kernel's matrices, where the code has one: compiled or loaded here
+    getattr(kernel, "_pairs_hyper_no_variance", None)
+    c1 = time.process_time()
+    m.fit_gp(t, y, kernel, n_starts=2, seed=0, **same_starts(label))
+    print(f"{c1 - c0} {time.perf_counter() - w0} {time.process_time() - c0}")
+
+
+def cold(n: int) -> None:
+    """--cold: see the module docstring."""
+    rows = []
+    for label in ("before", "now"):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "PGPGM_CACHE_DIR": f"{tmp}/pgpgm", "NUMBA_CACHE_DIR": f"{tmp}/numba"}
+            for cache in ("empty", "filled by the first"):
+                w0 = time.perf_counter()
+                out = subprocess.run([sys.executable, __file__, "--cold-child", label, "--n", str(n)], env=env,
+                                     check=True, capture_output=True, text=True).stdout.split()
+                wall = time.perf_counter() - w0
+                rows.append({"code": label, "caches": cache, "process wall s": wall,
+                             "pair loop compile/load CPU s": float(out[-3]), "fit wall s": float(out[-2]),
+                             "fit CPU s (incl. compile/load)": float(out[-1])})
+                print(rows[-1], flush=True)
+    write(f"gp_n{n}_cold", rows, f"## One sigmoid fit at N = {n} in a new process (1-min load average "
+                                 f"{os.getloadavg()[0]:.1f} at the end)")
+
+
+def matrices(n: int) -> None:
+    """--matrices: K and every dK/dh (the fit's form: lower triangles, no dK/dv) at n uneven times, by the
+    numpy expressions in row blocks (as before branch gpsig) and by the compiled pair loop; ms CPU."""
+    from pgpgm.gp import Hyperparameter, Kernel
+
+    rq = Kernel.from_expression("rq (user)", "variance*(1 + (a-b)**2/(2*al*l**2))**(-al)",
+                                ["variance", Hyperparameter.lengthscale("l"),
+                                 Hyperparameter("al", bounds=(0.1, 100.0))])
+    kernels = {**KERNELS, "rq (user)": rq, "rbf+matern52": KERNELS["rbf"] + KERNELS["matern52"]}
+    hyper = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 50.0, 0.2], "rq (user)": [1.1, 0.6, 2.0],
+             "rbf+matern52": [1.3, 0.7, 0.8, 1.1]}
+    t = np.sort(np.random.default_rng(0).uniform(0, 10, n))
+    rows = []
+    with threadpool_limits(1):
+        for name, k in kernels.items():
+            h = np.array(hyper[name], float)
+            f = k._f_hyper if k.linear_variance is None else k._f_hyper_no_variance
+            ws_numpy, ws_loop = [], []
+            numpy_ms = 1e3 * cpu(lambda: k._run(f, t, t, h, lower=True, out=ws_numpy))
+            loop_ms = 1e3 * cpu(lambda: k.cov_with_hyper_grads(t, h, checked=True, lower=True, workspace=ws_loop,
+                                                               skip_variance=True))
+            rows.append({"kernel": name, "numpy row blocks ms": numpy_ms, "compiled pair loop ms": loop_ms,
+                         "ratio": loop_ms / numpy_ms})
+    write(f"gp_n{n}_matrices", rows, f"## Kernel matrices at N = {n} uneven times (CPU ms; 1-min load average "
+                                     f"{os.getloadavg()[0]:.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--now-only", action="store_true", help="time the current code only (no 'before')")
     ap.add_argument("--kernels", nargs="+", default=["sigmoid", "matern52", "rbf"])
+    ap.add_argument("--cold", action="store_true", help="one sigmoid fit in new processes, empty caches first")
+    ap.add_argument("--cold-child", choices=["before", "now"], help=argparse.SUPPRESS)
+    ap.add_argument("--matrices", action="store_true", help="kernel matrices on uneven times: numpy vs compiled")
     args = ap.parse_args()
     N = args.n
-    rng = np.random.default_rng(0)
-    t = np.linspace(0, 10, N)
-    y = np.sin(t) + 0.1 * rng.standard_normal(N)
+    if args.cold_child:
+        return cold_child(args.cold_child, N)
+    if args.cold:
+        return cold(N)
+    if args.matrices:
+        return matrices(N)
+    t, y = series(N)
     modules = {"now": gpfit} if args.now_only else {"before": load_before(BEFORE), "now": gpfit}
     load0 = os.getloadavg()[0]
     rows = []

@@ -8,7 +8,7 @@ are reported in the state's own units.
 
 Cost per likelihood evaluation at N points: one kernel evaluation that returns K and
 every dK/dh from shared intermediates (O(H N^2); the N lags only for a stationary
-kernel on even times, else the lower triangles in cache-sized row blocks), one
+kernel on even times, else the lower triangles in one compiled loop), one
 Cholesky factorisation (N^3 / 3 flops), and K^-1 from that factor (LAPACK ``potri``,
 2 N^3 / 3 flops, one triangle) for the trace terms tr(K^-1 dK/dh) (O(N^2) each). No
 identity solve and no N x N matrix W = alpha alpha^T - K^-1 is formed. At N = 1000
