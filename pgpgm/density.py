@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pymc as pm
@@ -33,6 +34,104 @@ from .ode.system import ODESystem
 from .priors import PriorSpec, Priors
 from .solve import Integrator, Solver
 from .solve.op import ODEOp
+
+
+@dataclass(frozen=True, eq=False)
+class ParameterStructure:
+    """What the density's terms in the parameters alone are built from, and no data.
+
+    The priors of the parameters and of the unknown latent initial values, and the latent
+    states integrated from the observed states' first values: the part of
+    :meth:`GradientMatchingDensity.model` that the samplers' parameter moves evaluate
+    (:class:`~pgpgm.sampling.target.ParameterPart`). Two structures are equal, and hash
+    alike, when they would build the same graph: same equations (compared by content, not
+    by object), observed states, priors, known initial values, grid and solver (:attr:`key`).
+
+    Attributes
+    ----------
+    system : the ODE system; observed : the M observed state names
+    priors, x0_priors : the parameters' and unknown latent initial values' priors
+    x0 : (S,) initial values (NaN where they come from the observed states or are unknown)
+    times : (N,) the grid; solver : the latent-state solver (None without latent states)
+    """
+
+    system: ODESystem
+    observed: tuple[str, ...]
+    priors: Priors
+    x0_priors: Priors
+    x0: np.ndarray
+    times: np.ndarray
+    solver: Solver | None
+
+    @cached_property
+    def key(self) -> tuple:
+        """Everything the graph depends on, as hashable values (NaN initial values as None)."""
+        s = self.system
+        return ((s.name, s.states, s.parameters, s.expressions), self.observed, self.priors, self.x0_priors,
+                tuple(None if not np.isfinite(v) else float(v) for v in self.x0),
+                np.ascontiguousarray(self.times, dtype=np.float64).tobytes(), self.solver)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ParameterStructure) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def observed_idx(self) -> tuple[int, ...]:
+        return tuple(self.system.index_of_states(self.observed))
+
+    @property
+    def latent_idx(self) -> tuple[int, ...]:
+        obs = self.observed_idx
+        return tuple(i for i in range(self.system.n_states) if i not in obs)
+
+    @property
+    def latent(self) -> tuple[str, ...]:
+        return tuple(self.system.states[i] for i in self.latent_idx)
+
+    @property
+    def unknown_x0_idx(self) -> tuple[int, ...]:
+        """State indices (U,) of the latent states whose initial value is unknown (sampled)."""
+        return tuple(self.system.states.index(n[:-2]) for n in self.x0_priors.names)
+
+    def initial_state(self, first_values: Sequence, unknown: Sequence = ()) -> list:
+        """The initial values of the solve: an observed state starts at its value at
+        ``times[0]`` (``first_values``, M entries, numbers or tensors), a latent state at
+        ``x0`` or, when unknown, at its entry of ``unknown`` (U entries, in
+        :attr:`unknown_x0_idx` order). Returns S entries, to stack with numpy or PyTensor."""
+        by_index = dict(zip(self.observed_idx, first_values))
+        by_index.update(zip(self.unknown_x0_idx, unknown))
+        return [by_index[i] if i in by_index else float(self.x0[i]) for i in range(self.system.n_states)]
+
+    def add_variables(self, integrator: Integrator | None) -> tuple[pt.TensorVariable, dict, dict, pt.TensorVariable | None]:
+        """Create, in the current PyMC model (with the coordinate ``time``), the parameters'
+        priors, the unknown latent initial values ``<state>_0``, the observed states (Flat,
+        over ``time``) and the latent states (Deterministics, one ``integrator`` solve on the
+        grid, NaN where it fails). Returns theta (P,), the unknown initial values by index,
+        every state by name, and the trajectory (N, S) (None without latent states)."""
+        theta = self.priors.variables()
+        unknown = self.x0_priors.variables()
+        xs = {s: pm.Flat(s, dims="time") for s in self.observed}
+        traj = None
+        if self.latent:
+            x0 = pt.stack(self.initial_state([xs[s][0] for s in self.observed],
+                                             [unknown[j] for j in range(len(self.x0_priors.names))]))
+            traj = ODEOp(integrator, on_failure="nan")(theta, x0)
+            for j, s in zip(self.latent_idx, self.latent):
+                xs[s] = pm.Deterministic(s, traj[:, j], dims="time")
+        return theta, unknown, xs, traj
+
+    def coords(self) -> dict:
+        return {"time": self.times, "parameter": list(self.system.parameters)}
+
+    def model(self) -> pm.Model:
+        """The parameter part alone as a ``pm.Model`` (no data, no state terms), its latent
+        states solved by an integrator of its own."""
+        integrator = Integrator(self.system, self.times, self.solver) if self.latent else None
+        with pm.Model(coords=self.coords()) as model:
+            self.add_variables(integrator)
+        return model
 
 
 @dataclass(frozen=True)
@@ -102,6 +201,12 @@ class GradientMatchingDensity:
         return tuple(k.index for k in self.terms)
 
     @property
+    def structure(self) -> ParameterStructure:
+        """What the density's terms in the parameters alone are built from (no data)."""
+        return ParameterStructure(self.system, tuple(self.obs.states), self.priors, self.x0_priors, self.x0,
+                                  self.obs.times, None if self.integrator is None else self.integrator.solver)
+
+    @property
     def latent_idx(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.system.n_states) if i not in self.observed_idx)
 
@@ -123,16 +228,11 @@ class GradientMatchingDensity:
     @property
     def unknown_x0_idx(self) -> tuple[int, ...]:
         """State indices (U,) of the latent states whose initial value is unknown (sampled)."""
-        return tuple(self.system.states.index(n[:-2]) for n in self.x0_priors.names)
+        return self.structure.unknown_x0_idx
 
     def initial_state(self, first_values: Sequence, unknown: Sequence = ()) -> list:
-        """The initial values of the solve: an observed state starts at its value at
-        ``times[0]`` (``first_values``, M entries, numbers or tensors), a latent state at
-        ``x0`` or, when unknown, at its entry of ``unknown`` (U entries, in
-        :attr:`unknown_x0_idx` order). Returns S entries, to stack with numpy or PyTensor."""
-        by_index = dict(zip(self.observed_idx, first_values))
-        by_index.update(zip(self.unknown_x0_idx, unknown))
-        return [by_index[i] if i in by_index else float(self.x0[i]) for i in range(self.system.n_states)]
+        """:meth:`ParameterStructure.initial_state` of this density."""
+        return self.structure.initial_state(first_values, unknown)
 
     def gp_posterior_means(self) -> np.ndarray:
         """GP-smoothed observed states (N, M) on the grid, the sampler's starting values (each
@@ -173,17 +273,10 @@ class GradientMatchingDensity:
         values are missing).
         """
         system, t = self.system, self.obs.times
-        coords = {"time": t, "parameter": list(system.parameters)}
-        with pm.Model(coords=coords) as model:
-            theta = self.priors.variables()
-            unknown = self.x0_priors.variables()  # unknown latent initial values <state>_0
-            xs = {s: pm.Flat(s, dims="time") for s in self.obs.states}
-            if self.latent:
-                x0 = pt.stack(self.initial_state([xs[s][0] for s in self.obs.states],
-                                                 [unknown[j] for j in range(len(self.x0_priors.names))]))
-                traj = ODEOp(self.integrator, on_failure="nan")(theta, x0)
-                for j, s in zip(self.latent_idx, self.latent):
-                    xs[s] = pm.Deterministic(s, traj[:, j], dims="time")
+        structure = self.structure
+        with pm.Model(coords=structure.coords()) as model:
+            # the parameters, unknown latent initial values <state>_0, observed and latent states
+            theta, _, xs, traj = structure.add_variables(self.integrator)
             f = system.pytensor_rhs(pt.constant(t), xs, theta)
             gp_terms, gm_terms = [], []
             for m, k in enumerate(self.terms):

@@ -5,8 +5,8 @@ its start (``init``) and then every step. Starts are chosen in the calling proce
 the chains run there (``cores=1``) or in ``cores`` worker processes (fresh interpreters
 running :mod:`pgpgm.sampling.worker`, as the "spawn" start method makes them but without
 re-importing the caller's script, so no ``if __name__ == "__main__"`` guard is needed;
-each rebuilds the target from the pickled density and model, compiles it once and runs
-its share of the chains), so the draws do not depend on ``cores``.
+each rebuilds the target from the pickled density (and model, when a user extended it),
+compiles it once and runs its share of the chains), so the draws do not depend on ``cores``.
 BLAS runs single-threaded while chains run (threadpoolctl).
 """
 
@@ -276,7 +276,7 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
             p.stdin.close()
         for w, ctl in enumerate(controls):
             try:
-                ctl.send_bytes(cloudpickle.dumps((target.density, target.model, kwargs, jobs[w::cores])))
+                ctl.send_bytes(cloudpickle.dumps((target.density, target.user_model, kwargs, jobs[w::cores])))
             except (BrokenPipeError, ConnectionError):
                 pass  # the worker died; reported below
         open_channels = list(channels)

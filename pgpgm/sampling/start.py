@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-import pymc as pm
 from scipy import optimize
 
 from ..errors import DataError
@@ -33,10 +32,8 @@ class Starts:
 
     def __init__(self, target: GradientMatchingTarget):
         self.target = target
-        m = target.prior_model
         self.names = (*target.density.system.parameters, *target.density.x0_priors.names)  # Q coordinates
-        ip = m.initial_point()
-        self.median = np.array([float(ip[p]) for p in self.names])
+        self.median = target.parameters.initial_point.copy()
         self._mode = cache(self._density_mode)
 
     def theta(self, init, rng: np.random.Generator) -> np.ndarray:
@@ -44,10 +41,9 @@ class Starts:
         if isinstance(init, str) and init == "prior-median":
             return self.median
         if isinstance(init, str) and init == "prior":
-            # a handful of draws: PyTensor's Python backend compiles in milliseconds (the numba
-            # backend takes seconds on a cold cache) and draws the same numbers
-            draws = pm.draw([self.target.prior_model[p] for p in self.names], random_seed=rng, mode="FAST_COMPILE")
-            return np.array([float(v) for v in draws])
+            # pm.draw's numbers from a function compiled once per parameter part (PyTensor's Python
+            # backend: it compiles in milliseconds, the numba backend takes seconds on a cold cache)
+            return self.target.parameters.draw(rng)
         if isinstance(init, str) and init == "map":
             mode = self._mode()
             jittered = mode * np.exp(0.02 * rng.standard_normal(mode.size))

@@ -6,23 +6,41 @@ matrices of the O(N) state sweep and the model's log density compiled once (retu
 parameters and the latent states too), as PyMC's Metropolis compiles its ``delta_logp``
 once. Terms a user adds on parameters are honoured; terms on the observed states are
 refused at construction, because the sweep updates the density incrementally.
+
+The parameter moves evaluate the density's terms in the parameters alone
+(:class:`ParameterPart`), which depend on no data: for the density's own model they are
+compiled once per :class:`~pgpgm.density.ParameterStructure` (equations, observed states,
+priors, known initial values, grid, solver) in a process and shared by every target of an
+equal structure (:func:`shared_parameter_part`, a bounded memo of a pure builder), so a
+second fit of the same model on other data builds and compiles no PyTensor graph. The
+shared function computes exactly what a fresh one would; a target of a user-extended
+model compiles its own.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
 import pymc as pm
+import pytensor
 from pymc.logprob.transforms import LogTransform
 from pymc.model.transform.conditioning import remove_value_transforms
+from pymc.pytensorf import compile as compile_pymc
+from pymc.pytensorf import reseed_rngs
+from pymc.util import _get_seeds_per_chain
+from pytensor.compile.mode import get_mode
 from pytensor.graph.traversal import ancestors
+from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
-from ..density import GradientMatchingDensity
+from ..density import GradientMatchingDensity, ParameterStructure
 from ..errors import PgpgmError
+from ..solve.numba_op import compiles, track_solves
+from ..solve.op import ODEOp
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,149 @@ class SweepArrays:
         return (1.0 / np.sqrt(prec)).T.copy()
 
 
+class ParameterPart:
+    """The density's terms in the parameters alone (prior, terms a user added on parameters),
+    the parameters and the latent states, compiled from a model, with what the samplers read
+    of the model's priors.
+
+    Parameters
+    ----------
+    model : the ``pm.Model`` (with PyMC's value transforms)
+    space_model : ``model`` in the sampler's space (value transforms removed for the
+        constrained space, ``model`` itself for the value space)
+    structure : the density's :class:`~pgpgm.density.ParameterStructure`
+
+    Attributes
+    ----------
+    coordinate_names : (Q,) names of the sampler's coordinates in the model point: the P
+        parameters, then the U unknown latent initial values ``<state>_0``
+    function : the compiled function (on first use)
+    initial_point : (Q,) the priors' initial point (e.g. Uniform midpoints)
+    lower : (Q,) the lower end of each coordinate's support (-inf when unbounded below)
+
+    Calls of the compiled functions are serialised by a lock: one object may serve several
+    threads (a compiled PyTensor function keeps its inputs and outputs in its own storage).
+    """
+
+    def __init__(self, model: pm.Model, space_model: pm.Model, structure: ParameterStructure):
+        self.model, self.space_model, self.structure = model, space_model, structure
+        self._names = (*structure.system.parameters, *structure.x0_priors.names)
+        self.coordinate_names = [space_model.rvs_to_values[space_model[p]].name for p in self._names]
+        self._lock = threading.Lock()
+
+    @cached_property
+    def function(self):
+        m, st = self.space_model, self.structure
+        own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in st.observed), *st.observed}
+        terms = [v for v in (*m.basic_RVs, *m.potentials) if v.name not in own]
+        outs = [m.logp(vars=terms), *m.replace_rvs_by_values([m[p] for p in self._names])]
+        if st.latent:
+            outs += m.replace_rvs_by_values([m[n] for n in st.latent])
+        fn = m.compile_fn(outs, point_fn=True)
+        # called once per proposal with float64 arrays built by the target (its ``point``): skip
+        # PyTensor's per-call input checks, a third of the call's cost on small models
+        fn.f.trust_input = True
+        return fn
+
+    @cached_property
+    def solve_ops(self) -> tuple[ODEOp, ...]:
+        """The ODE Ops of the compiled function (their solves are counted by integrators,
+        :func:`~pgpgm.solve.numba_op.track_solves`)."""
+        return tuple(n.op for n in self.function.f.maker.fgraph.apply_nodes if isinstance(n.op, ODEOp))
+
+    @cached_property
+    def initial_point(self) -> np.ndarray:
+        ip = self.space_model.initial_point()
+        return np.array([float(ip[n]) for n in self.coordinate_names])
+
+    @cached_property
+    def lower(self) -> np.ndarray:
+        m = self.model
+        out = np.full(len(self._names), -np.inf)
+        for j, p in enumerate(self._names):
+            rv = m[p]
+            tr = m.rvs_to_transforms.get(rv)
+            if isinstance(tr, LogTransform):
+                out[j] = 0.0
+            elif hasattr(tr, "get_a_and_b"):
+                lo, _, bounded, _ = tr.get_a_and_b(rv.owner.inputs)
+                if bounded:
+                    out[j] = float(lo.eval(mode="FAST_COMPILE"))  # a constant: no compiled code needed
+        return out
+
+    @cached_property
+    def _draw_function(self):
+        fn, updates = compile_pymc([], [self.space_model[p] for p in self._names], random_seed=False,
+                                   mode="FAST_COMPILE", return_updates=True)
+        return fn, list(updates)
+
+    def evaluate(self, point: dict[str, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """The terms' log density, the parameters (P,) and the latent states (N, L; None
+        without latent states) at the model point ``point`` (float64 arrays)."""
+        P, Q = self.structure.system.n_parameters, len(self._names)
+        with self._lock:
+            out = self.function(point)
+            theta = np.array([float(v) for v in out[1 : P + 1]])
+            lat = np.column_stack(out[Q + 1 :]) if self.structure.latent else None
+            return float(out[0]), theta, lat
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        """A prior draw of the coordinates (Q,): the numbers of ``pm.draw(variables,
+        random_seed=rng, mode="FAST_COMPILE")``, from a function compiled once."""
+        (seed,) = _get_seeds_per_chain(rng, 1)
+        fn, rngs = self._draw_function
+        with self._lock:
+            reseed_rngs(rngs, seed)
+            return np.array([float(v) for v in fn()])
+
+    def compile(self) -> ParameterPart:
+        """Compile everything now (the function, the initial point, the bounds); returns self."""
+        self.solve_ops, self.initial_point, self.lower  # noqa: B018
+        return self
+
+
+def _in_space(model: pm.Model, space: str) -> pm.Model:
+    return remove_value_transforms(model) if space == "constrained" else model
+
+
+def _compile_settings() -> tuple:
+    """PyTensor's settings that a compiled function depends on."""
+    c = pytensor.config
+    return str(c.mode), str(c.linker), str(c.floatX), str(c.optimizer)
+
+
+@lru_cache(maxsize=16)
+def _shared(structure: ParameterStructure, space: str, settings: tuple) -> ParameterPart:
+    """The parameter part of ``structure`` in ``space``, built and compiled (``settings``:
+    :func:`_compile_settings` at the call, so that a change of PyTensor's settings compiles anew)."""
+    model = structure.model()
+    return ParameterPart(model, _in_space(model, space), structure).compile()
+
+
+def shared_parameter_part(density: GradientMatchingDensity, space: str = "constrained") -> ParameterPart | None:
+    """The parameter part of ``density``'s own model, shared by every density of an equal
+    :class:`~pgpgm.density.ParameterStructure` in this process (built on first use, at most
+    16 kept, least recently used dropped), or None when it cannot be shared: its latent-state
+    solve does not run as compiled code under PyTensor's default (numba) backend - a Python
+    solve would count its solves in the first density's integrator - or a prior is not
+    hashable. Its solves are counted in ``density.integrator``.
+
+    The shared function's numbers do not depend on which density built it: it reads no data
+    (the parameters, the unknown initial values and the observed states' first values are
+    its inputs) and carries no state between calls (its random draws are reseeded at each)."""
+    st = density.structure
+    if st.latent and not (compiles(ODEOp(density.integrator)) and isinstance(get_mode(None).linker, NumbaLinker)):
+        return None
+    try:
+        hash(st)
+    except TypeError:
+        return None
+    part = _shared(st, space, _compile_settings())
+    for op in part.solve_ops:
+        track_solves(op, density.integrator)
+    return part
+
+
 class GradientMatchingTarget:
     """The density the element-wise sampler moves on.
 
@@ -114,15 +275,34 @@ class GradientMatchingTarget:
             raise ValueError("space must be 'constrained' or 'value'")
         self.density = density
         self.space = space
-        self.model = density.model() if model is None else model
+        self.user_model = model
         if model is not None:  # the density's own model has no other terms by construction
-            _refuse_state_terms(density, self.model)
-        m = remove_value_transforms(self.model) if space == "constrained" else self.model
-        params = [m[p] for p in (*density.system.parameters, *density.x0_priors.names)]
-        self.prior_model = m
-        self.coordinate_names = [m.rvs_to_values[v].name for v in params]
+            _refuse_state_terms(density, model)
+            self.parameters = ParameterPart(model, self.prior_model, density.structure)
+        else:  # the density's own terms in the parameters: shared, or compiled for this target
+            shared = shared_parameter_part(density, space)
+            self.parameters = shared if shared is not None else ParameterPart(self.model, self.prior_model,
+                                                                              density.structure)
+        self.coordinate_names = self.parameters.coordinate_names
         self.arrays = SweepArrays.from_density(density)
         self.n_logp_evals = 0
+
+    @cached_property
+    def model(self) -> pm.Model:
+        """The ``pm.Model``: the one given, or ``density.model()`` (built on first use: the
+        samplers need only :attr:`parameters` and the density's arrays)."""
+        return self.density.model() if self.user_model is None else self.user_model
+
+    @cached_property
+    def prior_model(self) -> pm.Model:
+        """:attr:`model` in the sampler's space (value transforms removed for ``"constrained"``)."""
+        return _in_space(self.model, self.space)
+
+    @property
+    def parameter_function(self):
+        """The compiled function of :attr:`parameters` (the model's terms in the parameters alone,
+        the parameters and the latent states; :meth:`parameter_part`)."""
+        return self.parameters.function
 
     @cached_property
     def log_density_function(self):
@@ -133,24 +313,6 @@ class GradientMatchingTarget:
         if d.latent:
             outs += m.replace_rvs_by_values([m[n] for n in d.latent])
         return m.compile_fn(outs, point_fn=True)
-
-    @cached_property
-    def parameter_function(self):
-        """The model's terms in the parameters alone (prior, terms a user added on
-        parameters), the parameters and the latent states, compiled on first use
-        (:meth:`parameter_part`)."""
-        m, d = self.prior_model, self.density
-        own = {"gp_prior", "gradient_matching", *(f"y_{s}" for s in d.obs.states), *d.obs.states}
-        terms = [v for v in (*m.basic_RVs, *m.potentials) if v.name not in own]
-        outs = [m.logp(vars=terms),
-                *m.replace_rvs_by_values([m[p] for p in (*d.system.parameters, *d.x0_priors.names)])]
-        if d.latent:
-            outs += m.replace_rvs_by_values([m[n] for n in d.latent])
-        fn = m.compile_fn(outs, point_fn=True)
-        # called once per proposal with float64 arrays built here (:meth:`point`): skip PyTensor's
-        # per-call input checks, a third of the call's cost on small models
-        fn.f.trust_input = True
-        return fn
 
     @cached_property
     def log_normaliser(self) -> float:
@@ -171,13 +333,10 @@ class GradientMatchingTarget:
             point = self.point(q, X)
         else:  # no solve: the parameters alone
             point = {n: np.asarray(v, dtype=np.float64) for n, v in zip(self.coordinate_names, q)}
-        out = self.parameter_function(point)
-        P, Q = self.density.system.n_parameters, len(self.coordinate_names)
-        theta = np.array([float(v) for v in out[1 : P + 1]])
-        lat = np.column_stack(out[Q + 1 :]) if latent else None
+        lp, theta, lat = self.parameters.evaluate(point)
         if latent and not np.all(np.isfinite(lat)):
             return -np.inf, theta, lat
-        return float(out[0]), theta, lat
+        return lp, theta, lat
 
     def state_part(self, X, stats) -> float:
         """The density's terms in the states: GP prior, likelihood and gradient matching,
@@ -192,19 +351,7 @@ class GradientMatchingTarget:
     def lower_bounds(self) -> np.ndarray:
         """(Q,) the lower end of each coordinate's support (-inf when unbounded below), read
         from the model's value transforms (interval and log transforms)."""
-        m = self.model
-        names = (*self.density.system.parameters, *self.density.x0_priors.names)
-        out = np.full(len(names), -np.inf)
-        for j, p in enumerate(names):
-            rv = m[p]
-            tr = m.rvs_to_transforms.get(rv)
-            if isinstance(tr, LogTransform):
-                out[j] = 0.0
-            elif hasattr(tr, "get_a_and_b"):
-                lo, _, bounded, _ = tr.get_a_and_b(rv.owner.inputs)
-                if bounded:
-                    out[j] = float(lo.eval(mode="FAST_COMPILE"))  # a constant: no compiled code needed
-        return out
+        return self.parameters.lower.copy()
 
     def point(self, q, X) -> dict[str, Any]:
         """The model point at parameter coordinates q (P,) and states X (N, S)."""

@@ -5,14 +5,16 @@ interpreters running this module rather than forking or re-importing the caller'
 ``__main__`` (so a script needs no ``if __name__ == "__main__"`` guard). Protocol:
 
 - stdin: a :class:`multiprocessing.connection.Connection` carrying first the cloudpickle
-  of ``(density, model, kwargs, jobs)``, ``jobs`` a list of ``(chain, theta0, generator)``,
+  of ``(density, model, kwargs, jobs)`` (``model`` None for the density's own), ``jobs`` a
+  list of ``(chain, theta0, generator)``,
   then one bool per check (``kwargs["checks"]``): stop there or go on;
 - stdout (fd 1, kept private: the worker's own prints go to stderr): a
   :class:`multiprocessing.connection.Connection` carrying ``("progress", chain, n)``,
   ``("checkpoint", chain, checkpoint)``, ``("done", chain, result)`` and
   ``("error", chain, traceback)`` messages.
 
-The worker rebuilds the target from the pickled density and model (compiling it once),
+The worker rebuilds the target from the pickled density and model (compiling it once; the
+density's own parameter part is built from its structure, :func:`~pgpgm.sampling.target.shared_parameter_part`),
 runs its chains with BLAS single-threaded - one after another, or, with checks, together
 from check to check (it sends every chain's checkpoint and waits for the decision) - and
 exits.

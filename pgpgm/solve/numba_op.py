@@ -83,6 +83,17 @@ def cache_key(op: ODEOp) -> str:
     return h.hexdigest()[:24]
 
 
+def track_solves(op: ODEOp, integrator) -> str:
+    """Count the solves of ``op``'s compiled function in ``integrator`` (an
+    :class:`~pgpgm.solve.base.Integrator` of the same system, times and solver) from now on:
+    the compiled code of equal Ops is one, shared by every graph that holds such an Op, so a
+    graph compiled for one integrator can serve another. Returns the counter's symbol name."""
+    key = cache_key(op)
+    symbol = f"pgpgm_solves_{key}"
+    integrator.track_counter(key, _solve_counter(symbol))
+    return symbol
+
+
 def numba_ode_function(op: ODEOp):
     """The njit implementation of ``op``, or None when its solver has none (see :func:`compiles`).
 
@@ -104,9 +115,7 @@ def numba_ode_function(op: ODEOp):
     n = S * (1 + K) if op.sensitivities else S
     prefix = f"pgpgm_{it.system.compiled.key}_{'aug_' if op.sensitivities else ''}"
     rhs_symbol, jac_symbol = prefix + "rhs", prefix + "jac"
-    key = cache_key(op)
-    counter_symbol = f"pgpgm_solves_{key}"
-    it.track_counter(key, _solve_counter(counter_symbol))
+    counter_symbol = track_solves(op, it)
     rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
     times = np.ascontiguousarray(it.times, dtype=np.float64)
     raise_on_failure = op.on_failure == "raise"
