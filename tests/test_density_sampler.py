@@ -261,3 +261,126 @@ def test_a_start_with_no_density_names_the_cause(lv):
     with pytest.raises(pgpgm.PgpgmError, match="latent-state solve fails there") as info:
         sample(wide, draws=5, tune=5, chains=1, init=[0.0, -400.0, 0.0, 400.0], progressbar=False)
     assert "prior" not in str(info.value)
+
+
+# ------------------------------------------------------------------ compiled functions shared across fits (issue 12)
+_REUSE_FIT = dict(draws=150, tune=150, chains=2, stop="never", posterior=None, progressbar=False)
+_REUSE_SCRIPT = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import numpy as np
+import pgpgm
+spec = pgpgm.load_model("lotka-volterra")
+c = spec.case("x1-observed")
+data = spec.simulate("x1-observed", seed=int(sys.argv[2]))
+r = pgpgm.fit(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=spec.priors("x1-observed"),
+              **{opts})
+gm = r.gradient_matching
+np.savez(sys.argv[1], **{{p: gm.posterior[p].values for p in spec.system.parameters}}, lp=gm.sample_stats["lp"].values,
+         refined=r.estimates.theta.sel(estimate="refined").values, solves=r.n_ode_solves["sampling"])
+"""
+
+
+def test_second_fit_of_a_model_compiles_nothing_and_matches_a_fresh_process(lv, tmp_path, monkeypatch):
+    """Issue 12: a second fit of the same model (other data) in one process builds no PyTensor
+    graph (no Apply node) and compiles no function (no FunctionMaker), and its numbers are
+    those of the same fit in a fresh process, to the bit."""
+    import subprocess
+    import sys
+
+    import pytensor.compile.maker as maker
+    from pytensor.graph.basic import Apply
+
+    c = lv.case("x1-observed")
+    opts = dict(kernel=c.kernel, gamma=c.gamma, priors=lv.priors("x1-observed"), **_REUSE_FIT)
+    pgpgm.fit(lv.system, lv.simulate("x1-observed", seed=3), c.observed, **opts)  # the first fit compiles
+    counts = {"apply": 0, "function": 0}
+    apply_init, maker_init = Apply.__init__, maker.FunctionMaker.__init__
+
+    def counted_apply(self, *a, **k):
+        counts["apply"] += 1
+        apply_init(self, *a, **k)
+
+    def counted_maker(self, *a, **k):
+        counts["function"] += 1
+        maker_init(self, *a, **k)
+
+    monkeypatch.setattr(Apply, "__init__", counted_apply)
+    monkeypatch.setattr(maker.FunctionMaker, "__init__", counted_maker)
+    r = pgpgm.fit(lv.system, lv.simulate("x1-observed", seed=4), c.observed, **opts)
+    monkeypatch.undo()
+    assert counts == {"apply": 0, "function": 0}
+    out = tmp_path / "fresh.npz"
+    script = _REUSE_SCRIPT.format(opts=repr(_REUSE_FIT))
+    done = subprocess.run([sys.executable, "-c", script, str(out), "4"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fresh = np.load(out)
+    gm = r.gradient_matching
+    for p in lv.system.parameters:
+        np.testing.assert_array_equal(gm.posterior[p].values, fresh[p])
+    np.testing.assert_array_equal(gm.sample_stats["lp"].values, fresh["lp"])
+    np.testing.assert_array_equal(r.estimates.theta.sel(estimate="refined").values, fresh["refined"])
+    assert r.n_ode_solves["sampling"] == int(fresh["solves"]) > 2 * 4 * 300  # every block proposal counted
+
+
+def test_other_settings_get_their_own_compiled_function(lv):
+    """A density whose parameter part differs (priors, observed state, known initial value, grid)
+    gets its own compiled function - its terms are the numpy formula's (Uniform priors) and its
+    latent states the reference solve's - while equal settings on other data share one, each
+    counting its own solves."""
+    from tests.conftest import scipy_reference
+
+    c = lv.case("x1-observed")
+    theta = np.array(c.theta, float)
+
+    def target(seed=1, observed=("x1",), priors=(0.0, 10.0), x0=None, every=1):
+        ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, noise_sd=0.1, seed=seed)
+        return pgpgm.GradientMatchingTarget(gradient_matching_density(
+            lv.system, ds.isel(time=slice(None, None, every)), list(observed), priors=priors, x0=x0))
+
+    def gp_start(t):
+        d = t.density
+        X = np.zeros((d.obs.times.size, 2))
+        X[:, list(d.observed_idx)] = d.gp_posterior_means()
+        return X
+
+    base = target()
+    others = {"priors": target(priors=(0.0, 5.0)), "observed": target(observed=("x2",)),
+              "x0": target(x0={"x2": 2.5}), "grid": target(every=2)}
+    parts = [base.parameters] + [t.parameters for t in others.values()]
+    assert len({id(p) for p in parts}) == len(parts)  # no stale reuse
+    for name, t in [("base", base), *others.items()]:
+        d, X = t.density, gp_start(t)
+        lp, th, lat = t.parameter_part(theta, X)
+        lo, hi = d.priors.bounds.T
+        # PyTensor folds -log(upper - lower) of bounds given as Python floats in float32
+        assert lp == pytest.approx(-np.sum(np.log(hi - lo)), rel=1e-7), name
+        np.testing.assert_array_equal(th, theta)
+        x0 = d.x0.copy()
+        x0[list(d.observed_idx)] = X[0, list(d.observed_idx)]
+        ref = scipy_reference(lv.system, theta, x0, d.obs.times)[:, list(d.latent_idx)]
+        np.testing.assert_allclose(lat, ref, rtol=1e-6, atol=1e-8, err_msg=name)
+    outside = np.array([7.0, 1, 4, 1])  # theta1 outside (0, 5), inside (0, 10)
+    assert others["priors"].parameter_part(outside, gp_start(base))[0] == -np.inf
+    assert np.isfinite(base.parameter_part(outside, gp_start(base))[0])
+    again = target(seed=2)  # other data, equal settings: the compiled function is shared
+    assert again.parameters is base.parameters
+    X = gp_start(again)
+    n0 = again.density.integrator.n_solves
+    for k in range(3):
+        again.parameter_part(theta * (1 + 0.01 * k), X)
+    assert again.density.integrator.n_solves - n0 == 3
+
+
+def test_shared_prior_draws_are_pymc_draws(lv):
+    """The chains' prior-draw starts come from a function compiled once; they are the numbers
+    pm.draw gives for the same generator."""
+    c, ds = _data(lv, "x1-observed")
+    d = gradient_matching_density(lv.system, ds, ["x1"], priors=(0.0, 10.0), x0={"x2": (0.0, 8.0)})
+    target = pgpgm.GradientMatchingTarget(d)
+    m = remove_value_transforms(d.model())
+    names = (*lv.system.parameters, "x2_0")
+    for seed in (0, 1):
+        want = pm.draw([m[p] for p in names], random_seed=np.random.default_rng(seed), mode="FAST_COMPILE")
+        np.testing.assert_array_equal(target.parameters.draw(np.random.default_rng(seed)), np.array(want, float))
+    np.testing.assert_array_equal(target.parameters.initial_point, [5.0] * 4 + [4.0])

@@ -125,8 +125,9 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
     d, a = target.density, target.arrays
     P = state.q.size  # the coordinates: parameters, then unknown latent initial values
     obs, latent = a.obs_idx, a.lat_idx.size > 0
-    cur = state.conditional if state.conditional is not None else _conditional_at(target, state)
-    state = replace(state, conditional=cur)
+    if state.conditional is None:
+        state = replace(state, conditional=_conditional_at(target, state))
+    cur = state.conditional
     z = block_vector(state, params, target)
     zp = z + params.scale * (params.chol @ rng.standard_normal(z.size))
     normals = rng.standard_normal(cur.mean.size)

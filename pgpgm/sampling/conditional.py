@@ -24,6 +24,7 @@ Building it costs O(N^2 M^2) for Lambda and O((N M)^3 / 3) for its Cholesky fact
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numba
 import numpy as np
@@ -70,10 +71,14 @@ class ConditionalGaussian:
         return out
 
 
+@lru_cache(maxsize=64)
 def free_indices(N: int, M: int, first_fixed: bool) -> np.ndarray:
-    """Flat indices m * N + i of the free values: all, or all but i = 0."""
+    """Flat indices m * N + i of the free values: all, or all but i = 0 (read-only: one
+    array per shape, computed once, since every block proposal needs it)."""
     i0 = 1 if first_fixed else 0
-    return (np.arange(M)[:, None] * N + np.arange(i0, N)[None, :]).ravel()
+    out = (np.arange(M)[:, None] * N + np.arange(i0, N)[None, :]).ravel()
+    out.flags.writeable = False
+    return out
 
 
 def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar: np.ndarray) -> ConditionalGaussian:
