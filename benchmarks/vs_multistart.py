@@ -5,8 +5,7 @@ Each case: the published data (``spec.simulate(case, seed=0)``).
 - **pgpgm**: the default ``pgpgm.fit`` (GP fit, gradient-matching chains with early stopping
   ``stop="agree"``, least-squares refinement) with ``posterior=None`` (steps 1-3), warm:
   after one short warm-up fit of the same model in this process (compilation is paid there;
-  each fit still builds its own PyMC model and PyTensor functions, whose compiled code the
-  first fit's serves: the data are pm.Data inputs). Sampler seeds
+  later fits reuse its compiled parameter terms and build no PyTensor graph). Sampler seeds
   0, 1, 2; the time is the wall time of the whole ``fit`` call (median over seeds).
 - **multi-start**: the refinement of step 3 (:func:`pgpgm.refine`, the same
   ``LeastSquaresProblem`` as ``fit`` builds: noise sds estimated from the GP's, observed
