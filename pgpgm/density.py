@@ -104,7 +104,8 @@ class ParameterStructure:
         by_index.update(zip(self.unknown_x0_idx, unknown))
         return [by_index[i] if i in by_index else float(self.x0[i]) for i in range(self.system.n_states)]
 
-    def add_variables(self, integrator: Integrator | None) -> tuple[pt.TensorVariable, dict, dict, pt.TensorVariable | None]:
+    def add_variables(self, integrator: Integrator | None) -> tuple[pt.TensorVariable, dict, dict,
+                                                                   pt.TensorVariable | None]:
         """Create, in the current PyMC model (with the coordinate ``time``), the parameters'
         priors, the unknown latent initial values ``<state>_0``, the observed states (Flat,
         over ``time``) and the latent states (Deterministics, one ``integrator`` solve on the

@@ -266,6 +266,10 @@ class GradientMatchingTarget:
     coordinate_names : (Q,) names of the sampler's coordinates in the model point: the P
         parameters, then the U unknown latent initial values ``<state>_0`` (Q = P + U)
     arrays : :class:`SweepArrays`
+    parameters : the compiled terms in the parameters (:class:`ParameterPart`); for the
+        density's own model the one shared by every density of an equal structure
+        (:func:`shared_parameter_part`), for a given model its own
+    user_model : the model given (None: the density's own, built only when :attr:`model` is read)
     n_logp_evals : full density evaluations so far
     """
 
