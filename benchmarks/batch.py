@@ -13,7 +13,11 @@ estimates are checked to equal the serial ones. A second run on a cluster made a
 makes its own, whose workers each did one warm-up fit first (as the serial side did), gives the
 steady-state throughput; its start-up and warm-up are reported apart, and its CPU accounting
 (the workers' whole process CPU - fits, saves, dask - and the parent's) gives the speed-up the
-CPU times allow, the fairer figure on a shared machine.
+CPU times allow, the fairer figure on a shared machine. Third, without dask: as many fresh Python
+processes as workers, started at once, each fitting and saving its share of the jobs one after
+the other (interpreter start, imports and compilation included, as for fit_many's own cluster):
+the speed-up any scheduler of whole fits could reach on this machine, and the fits' CPU time when
+two run side by side.
 
 Overhead of the cluster: start-up and shutdown of a LocalCluster with no work, and the
 wall time per trivial task (n no-op tasks through the scheduler).
@@ -43,6 +47,62 @@ def _noop(i: int) -> int:
     return i
 
 
+def _jobs(n: int, draws: int, tune: int, posterior: str):
+    """The benchmark's jobs (FitzHugh-Nagumo R observed, seeds 0..n-1) and fit options."""
+    import pgpgm
+    from pgpgm.batch import FitJob
+
+    spec = pgpgm.load_model("fitzhugh-nagumo")
+    case = "R-observed"
+    opts = {"draws": draws, "tune": tune, "posterior": None if posterior == "none" else posterior}
+    return [FitJob(f"fhn_R_seed{k}", spec, spec.simulate(case, seed=k), ["R"], case=case) for k in range(n)], opts
+
+
+def _share(k: int, workers: int, n: int, draws: int, tune: int, posterior: str, out: str) -> None:
+    """One of ``workers`` independent processes (no dask): jobs k, k + workers, ... fitted and
+    saved one after the other as the serial side does; prints the fits' CPU seconds (JSON)."""
+    import json
+
+    from threadpoolctl import threadpool_limits
+
+    from pgpgm.batch import fit_and_save
+
+    jobs, opts = _jobs(n, draws, tune, posterior)
+    with threadpool_limits(limits=1):
+        rows = [fit_and_save(job, out, opts) for job in jobs[k::workers]]
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    print(json.dumps([r["cpu_seconds"] for r in rows]))
+
+
+def independent_processes(a, out: Path) -> tuple[float, float, float]:
+    """``a.workers`` fresh Python processes started at once, each fitting and saving its share
+    of the jobs (no dask): the wall time (interpreter start, imports and compilation included),
+    their whole CPU time and their fits' CPU time - what any scheduler of whole fits could at
+    best reach on this machine."""
+    import json
+    import resource
+    import subprocess
+
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import batch; "
+            "batch._share(int(sys.argv[1]), *map(int, sys.argv[2:6]), sys.argv[6], sys.argv[7])")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k), str(a.workers), str(a.n), str(a.draws), str(a.tune),
+                               a.posterior, str(out)], stdout=subprocess.PIPE, env={**os.environ, **_ONE_THREAD})
+             for k in range(a.workers)]
+    outputs = [p.communicate()[0] for p in procs]
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    fit_cpu = sum(sum(json.loads(o.decode().strip().splitlines()[-1])) for o in outputs)
+    return wall, cpu, fit_cpu
+
+
+# as a dask nanny sets them for its worker process (pgpgm.batch._BLAS_THREADS)
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=32, help="fits (seeds 0..n-1)")
@@ -59,10 +119,8 @@ def main(argv=None) -> int:
     from pgpgm.batch import FitJob, _cluster_client, fit_and_save, result_path
 
     load_before = os.getloadavg()
-    spec = pgpgm.load_model("fitzhugh-nagumo")
-    case = "R-observed"
-    opts = {"draws": a.draws, "tune": a.tune, "posterior": None if a.posterior == "none" else a.posterior}
-    jobs = [FitJob(f"fhn_R_seed{k}", spec, spec.simulate(case, seed=k), ["R"], case=case) for k in range(a.n)]
+    jobs, opts = _jobs(a.n, a.draws, a.tune, a.posterior)
+    spec, case = jobs[0].model, jobs[0].case
 
     out = Path(tempfile.mkdtemp(prefix="pgpgm_batch_bench_"))
     try:
@@ -106,6 +164,9 @@ def main(argv=None) -> int:
             t_steady, cpu_parent_steady = time.perf_counter() - t, time.process_time() - c
             cpu_workers_steady = sum(client.run(time.process_time).values()) - sum(cpu_w.values())
         same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "steady"), serial))
+        # 3. no dask: the same number of fresh processes, each fitting its share one after the other
+        t_indep, cpu_indep, fit_cpu_indep = independent_processes(a, out / "independent")
+        same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "independent"), serial))
     finally:
         shutil.rmtree(out, ignore_errors=True)
     assert (table["status"] == "ok").all() and (steady["status"] == "ok").all(), table[["name", "status", "error"]]
@@ -152,9 +213,14 @@ def main(argv=None) -> int:
         ("warm workers: speed-up the CPU times allow (serial CPU / (all CPU / workers))",
          cpu_serial / ((cpu_workers_steady + cpu_parent_steady) / a.workers)),
         ("steady-state speed-up (serial wall / warm workers' wall)", t_serial / t_steady),
+        ("independent processes (no dask), wall incl. interpreter start, imports, compilation (s)", t_indep),
+        ("independent processes: speed-up (the bound for any scheduler of whole fits)", t_serial / t_indep),
+        ("independent processes: CPU time of the fits, per fit (s)", fit_cpu_indep / a.n),
+        ("independent processes: whole CPU time (imports, fits, saves), per fit (s)", cpu_indep / a.n),
+        ("fit_many's wall / independent processes' wall", t_cluster / t_indep),
         ("LocalCluster start-up (s)", t_up), ("LocalCluster shutdown (s)", t_down),
         (f"trivial task through the scheduler, per task ({a.n} tasks) (ms)", 1000 * t_tasks / a.n),
-        ("estimates equal to serial (both clusters)", same),
+        ("estimates equal to serial (both clusters, independent processes)", same),
     ]
     cmd = "python benchmarks/batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"# Many fits: serial vs LocalCluster ({datetime.date.today().isoformat()})", "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-import arviz as az
+import arviz_stats
 import numpy as np
 import xarray as xr
 
@@ -25,9 +25,9 @@ def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:
     """
     names = list(var_names)
     post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
-    rhat = az.rhat(tree, var_names=names)
-    bulk = az.ess(tree, var_names=names, method="bulk")
-    tail = az.ess(tree, var_names=names, method="tail")
+    rhat = arviz_stats.rhat(tree, var_names=names)
+    bulk = arviz_stats.ess(tree, var_names=names, method="bulk")
+    tail = arviz_stats.ess(tree, var_names=names, method="tail")
     div = 0
     if "sample_stats" in tree.children and "diverging" in tree["sample_stats"].data_vars:
         div = int(np.asarray(tree["sample_stats"]["diverging"]).sum())

@@ -436,7 +436,7 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
     (``<state>_0``) (chain, draw), every state (chain, draw, time_dense); a failed solve
     leaves NaN states.
     """
-    import arviz as az
+    from arviz_base import from_dict
 
     from .errors import ODESolveError
 
@@ -460,7 +460,7 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
     post = {p: q[None, :, j] for j, p in enumerate(system.parameters)}
     post.update({initial_value_name(system.states[i]): x0[None, :, i] for i in free})
     post.update({s: X[None, :, :, i] for i, s in enumerate(system.states)})
-    tree = az.from_dict({"posterior": post}, coords={"time_dense": dense.times},
+    tree = from_dict({"posterior": post}, coords={"time_dense": dense.times},
                         dims={s: ["time_dense"] for s in system.states})
     tree.attrs["pgpgm_posterior"] = "laplace"
     return tree

@@ -20,9 +20,9 @@ import time
 from collections.abc import Generator, Sequence
 from multiprocessing.connection import Connection, wait
 
-import arviz as az
 import cloudpickle
 import numpy as np
+from arviz_base import from_dict
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
@@ -343,7 +343,7 @@ def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict
         "pgpgm_tuned_scales": json.dumps([r["tuned"] for r in results]),
         "pgpgm_stopping": json.dumps(stopping),
     }
-    tree = az.from_dict(
+    tree = from_dict(
         {"posterior": post, "sample_stats": stats, "observed_data": obs},
         coords={"time": s.obs.times, "parameter": list(s.system.parameters),
                 **({"coordinate": [*s.system.parameters, *s.x0_priors.names]} if s.x0_priors.names else {})},
