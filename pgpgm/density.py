@@ -201,7 +201,7 @@ class GradientMatchingDensity:
     def observed_idx(self) -> tuple[int, ...]:
         return tuple(k.index for k in self.terms)
 
-    @property
+    @cached_property
     def structure(self) -> ParameterStructure:
         """What the density's terms in the parameters alone are built from (no data)."""
         return ParameterStructure(self.system, tuple(self.obs.states), self.priors, self.x0_priors, self.x0,
@@ -209,11 +209,11 @@ class GradientMatchingDensity:
 
     @property
     def latent_idx(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.system.n_states) if i not in self.observed_idx)
+        return self.structure.latent_idx
 
     @property
     def latent(self) -> tuple[str, ...]:
-        return tuple(self.system.states[i] for i in self.latent_idx)
+        return self.structure.latent
 
     @property
     def noise_sd(self) -> np.ndarray:
