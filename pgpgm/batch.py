@@ -46,8 +46,8 @@ SUMMARY_FILE = "summary.csv"
 # fit() options a job may set; anything else is a typo caught before the cluster starts
 _FIT_OPTIONS = frozenset({
     "x0", "kernel", "gamma", "priors", "noise_sd", "draws", "tune", "chains", "seed", "init", "refine_x0",
-    "true_theta", "solver", "posterior", "posterior_draws", "posterior_tune", "posterior_chains", "nuts_sampler",
-    "stop", "grid", "fixed",
+    "true_theta", "solver", "posterior", "posterior_draws", "posterior_tune", "posterior_chains", "posterior_rounds",
+    "nuts_sampler", "stop", "grid", "fixed",
 })
 
 

@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--posterior-tune", type=_count(0), default=500,
                        help="NUTS tuning steps per chain (default 500)")
         q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
+        q.add_argument("--posterior-rounds", type=_count(1), default=None,
+                       help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.MAX_ROUNDS)")
         q.add_argument("--stop", choices=("agree", "never"), default="agree",
                        help="end the gradient-matching chains once the optima refined from their means agree "
                        "(default), or never (the whole published budget)")
@@ -455,7 +457,7 @@ def _batch(a) -> int:
 def _posterior_options(a) -> dict:
     return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
             "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains,
-            "stop": a.stop}  # step 2's budget, set with the other sampling options
+            "stop": a.stop, **({"posterior_rounds": a.posterior_rounds} if a.posterior_rounds else {})}  # step 2's budget, set with the other sampling options
 
 
 def _sensitivity(a) -> int:

@@ -17,7 +17,7 @@ from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
-from .posterior import build_ode_model, laplace_posterior, log_scale_names, sample_posterior
+from .posterior import MAX_ROUNDS, build_ode_model, laplace_posterior, log_scale_names, sample_posterior
 from .gp.kernels import KERNELS
 from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
@@ -53,6 +53,7 @@ def fit(
     posterior_draws: int = 500,
     posterior_tune: int = 500,
     posterior_chains: int = 4,
+    posterior_rounds: int = MAX_ROUNDS,
     nuts_sampler: str = "pymc",
     cores: int | None = None,
     progressbar: bool = True,
@@ -74,7 +75,9 @@ def fit(
 
     ``posterior`` : ``"nuts"`` (default; ``posterior_chains`` chains of ``posterior_tune``
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
-    ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``), ``"laplace"`` (draws from the Gaussian
+    ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
+    rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
+    :func:`pgpgm.posterior.sample_posterior`'s ``max_rounds``), ``"laplace"`` (draws from the Gaussian
     approximation at the refined optimum) or None (the gradient-matching chains are the
     result's posterior). A :class:`~pgpgm.diagnostics.ConvergenceWarning` names every
     parameter of the main posterior with R-hat > 1.01, ESS < 400, and any divergences.
@@ -150,6 +153,7 @@ def fit(
     posterior_draws = check_count(posterior_draws, "posterior_draws", minimum=1)
     posterior_tune = check_count(posterior_tune, "posterior_tune", minimum=0)
     posterior_chains = check_count(posterior_chains, "posterior_chains", minimum=1)
+    posterior_rounds = check_count(posterior_rounds, "posterior_rounds", minimum=1)
     if nuts_sampler not in ("pymc", "nutpie"):
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if cores is not None:
@@ -265,7 +269,7 @@ def fit(
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
-                                progressbar=progressbar)
+                                max_rounds=posterior_rounds, progressbar=progressbar)
         diagnostics["posterior"] = diagnose(main, layout.free)
         if "n_steps" in main.sample_stats:
             solves_post = int(main.sample_stats["n_steps"].sum())

@@ -290,6 +290,12 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
 
+#: most NUTS rounds of :func:`sample_posterior` (and :func:`pgpgm.fit`'s ``posterior_rounds``): a
+#: posterior that spreads over the whole prior box (Lotka-Volterra, x2 observed, noise sd 0.5, seed 3)
+#: mixes slowly (min ESS 60-400 per round of 4 x 2000 draws) and passed R-hat <= 1.01 in round 6
+MAX_ROUNDS = 6
+
+
 def sample_posterior(
     model: pm.Model,
     center: Mapping[str, float],
@@ -303,7 +309,7 @@ def sample_posterior(
     seed: int | None = 0,
     nuts_sampler: str = "pymc",
     target_accept: float = 0.9,
-    max_rounds: int = 6,
+    max_rounds: int = MAX_ROUNDS,
     progressbar: bool = True,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables).
@@ -331,9 +337,7 @@ def sample_posterior(
         chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
         observed) that none covers alone. A later round runs ``draws`` to 4x ``draws``
         iterations, as many as the previous round's min ESS per draw says reach 2 x 400
-        (:func:`next_round_draws`). Six rounds by default: a posterior that spreads over the
-        whole prior box (Lotka-Volterra with x2 observed and noise sd 0.5, seed 3) mixes slowly
-        (min ESS 60-400 per round of 4 x 2000 draws) and passed only in its sixth round.
+        (:func:`next_round_draws`). Default :data:`MAX_ROUNDS`.
         The draws of the last round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran and
         ``json.loads(tree.attrs["pgpgm_round_problems"])`` why: for every round followed by
         another, the list of its failed checks. Only when

@@ -196,6 +196,7 @@ FIT_CASES = [
     ("seed float", {"seed": 0.5}, DataError, "seed must be a whole number"),
     ("posterior unknown", {"posterior": "mcmc"}, DataError, "posterior must be 'nuts', 'laplace' or None"),
     ("posterior_chains zero", {"posterior_chains": 0}, DataError, "posterior_chains must be >= 1"),
+    ("posterior_rounds zero", {"posterior_rounds": 0}, DataError, "posterior_rounds must be >= 1"),
     ("nuts_sampler unknown", {"nuts_sampler": "stan"}, DataError, "nuts_sampler"),
     ("kernel unknown", {"kernel": "gauss"}, DataError, "unknown kernel 'gauss'"),
     ("priors a string", {"priors": "uniform"}, DataError, "priors must be"),

@@ -159,6 +159,31 @@ def test_laplace_posterior_matches_the_refinement_covariance(lv):
     np.testing.assert_allclose(x1[ok, 0], x10[ok], rtol=1e-10)  # the dense grid starts at the first time
 
 
+def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
+    """fit(posterior_rounds=...) reaches sample_posterior's max_rounds; both default to MAX_ROUNDS."""
+    import inspect
+
+    import pgpgm.pipeline
+    from pgpgm.posterior import MAX_ROUNDS, sample_posterior
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("max_rounds"))
+        return sample_posterior(*args, **kwargs)
+
+    monkeypatch.setattr(pgpgm.pipeline, "sample_posterior", recording)
+    c = lv.case("x1-observed")
+    ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 20 draws are not converged
+        r = pgpgm.fit(lv.system, ds, ["x1"], draws=100, tune=100, seed=1, progressbar=False, posterior_draws=20,
+                      posterior_tune=20, posterior_chains=1, cores=1, posterior_rounds=2)
+    assert seen == [2] and r.posterior.attrs["pgpgm_rounds"] == 1  # one chain of 20 draws: no further round
+    assert inspect.signature(pgpgm.fit).parameters["posterior_rounds"].default == MAX_ROUNDS == 6
+    assert inspect.signature(sample_posterior).parameters["max_rounds"].default == MAX_ROUNDS
+
+
 # ------------------------------------------------------------------ step 4's sampling geometry (issue 10)
 def test_log_scale_samples_the_same_posterior():
     """k on the log scale (PyMC's log transform, same Uniform prior): the NUTS moments still match
