@@ -183,14 +183,14 @@ def build_ode_model(
                            for i, s in enumerate(system.states)])
         traj = ODEOp(integrator, on_failure="nan")(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
-        pm.Potential("solve_failed", pt.switch(ok, 0.0, -np.inf))
+        pm.Potential("solve_failed", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
         safe = pt.switch(ok, traj, 0.0)
         for i, s in enumerate(system.states):
             pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
         for m, s in enumerate(obs.states):
             if noise_sd is None:
                 sigma = pm.LogNormal(noise_name(s), mu=pm.Data(data_name("log_noise_center", s), np.log(center[m])),
-                                     sigma=NOISE_PRIOR_LOG_SD)
+                                     sigma=np.float64(NOISE_PRIOR_LOG_SD))
             else:
                 sigma = pm.Data(data_name("noise_sd", s), float(noise_sd[m]))
             if obs.complete:

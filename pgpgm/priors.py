@@ -79,7 +79,7 @@ class Priors:
         if not self.names:
             return pt.zeros(0)
         return pt.stack([s(n) if callable(s) else
-                         pm.Uniform(n, lower=s[0], upper=s[1],
+                         pm.Uniform(n, lower=np.float64(s[0]), upper=np.float64(s[1]),  # else float32 terms
                                     **({"default_transform": SoftLogTransform(s[1])} if n in log_scale else {}))
                          for n, s in zip(self.names, self.specs)])
 

@@ -159,6 +159,23 @@ def test_laplace_posterior_matches_the_refinement_covariance(lv):
     np.testing.assert_allclose(x1[ok, 0], x10[ok], rtol=1e-10)  # the dense grid starts at the first time
 
 
+def test_prior_terms_are_float64_and_exact():
+    """Every term of the ODE model's log density is float64 and equals scipy's: a Uniform(0, 5)
+    prior is -log 5, the noise sd's LogNormal prior scipy's lognorm (PyTensor makes Python-float
+    bounds float32 constants otherwise: -log 5 off by 1e-8)."""
+    from pgpgm.posterior import NOISE_PRIOR_LOG_SD
+
+    obs = _decay_data(0.8, 2.0, seed=3)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_center=[0.2])
+    terms = model.compile_logp(sum=False, jacobian=False)
+    point = {"k_interval__": 0.3, "x_0": 2.0, "sigma_x_log__": np.log(0.15)}
+    names = [rv.name for rv in model.basic_RVs] + [p.name for p in model.potentials]
+    values = dict(zip(names, terms(point), strict=True))
+    assert all(np.asarray(v).dtype == np.float64 for v in values.values()), {k: np.asarray(v).dtype for k, v in values.items()}
+    assert float(values["k"]) == pytest.approx(-np.log(5.0), rel=1e-15, abs=0)
+    assert float(values["sigma_x"]) == pytest.approx(stats.lognorm.logpdf(0.15, NOISE_PRIOR_LOG_SD, scale=0.2), rel=1e-14)
+
+
 def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
     """fit(posterior_rounds=...) reaches sample_posterior's max_rounds; both default to MAX_ROUNDS."""
     import inspect
