@@ -330,17 +330,26 @@ def sample_posterior(
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
         After a round whose draws fail a check of :func:`pgpgm.diagnostics.problems`
         (R-hat > 1.01, ESS < 400, divergences), the next round continues every chain from
-        its last draw with a fixed dense mass matrix, the covariance of all chains' draws of
-        the round before (pooled, in the transformed space), a step-size target halfway to 1
-        (fewer divergences), and ``max(tune // 2, 100)`` tuning iterations (step size only).
+        its last draw with a fixed dense mass matrix, the covariance of the chains' draws so
+        far (pooled, in the transformed space), a step-size target halfway to 1 (fewer
+        divergences), and ``max(tune // 2, 100)`` tuning iterations (step size only).
         Each chain alone adapts its mass matrix from its own few effective draws; pooled, the
         chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
-        observed) that none covers alone. A later round runs ``draws`` to 4x ``draws``
-        iterations, as many as the previous round's min ESS per draw says reach 2 x 400
-        (:func:`next_round_draws`). Default :data:`MAX_ROUNDS`.
-        The draws of the last round are returned; ``tree.attrs["pgpgm_rounds"]`` says how many ran and
-        ``json.loads(tree.attrs["pgpgm_round_problems"])`` why: for every round followed by
-        another, the list of its failed checks. Only when
+        observed) that none covers alone. The first round is warm-up (its chains adapted
+        their own mass matrices): its draws are dropped. A later round *extends* the chains:
+        its draws are appended to those kept from the rounds before it (rounds 2, 3, ... are
+        one continued Markov chain per chain, every kernel leaving the posterior invariant),
+        and the checks judge all of them together, so a slowly mixing posterior accumulates
+        ESS instead of starting over - unless the kept draws hold a divergence, which more
+        draws cannot remove: then the new round's draws replace them. A round runs ``draws``
+        to 4x ``draws`` iterations, as many as the kept draws' min ESS per draw says reach
+        2 x 400 (:func:`next_round_draws`). Default :data:`MAX_ROUNDS`.
+        ``tree.attrs["pgpgm_rounds"]`` says how many rounds ran,
+        ``json.loads(tree.attrs["pgpgm_round_draws"])`` the draws per chain of each round,
+        ``json.loads(tree.attrs["pgpgm_kept_rounds"])`` the rounds (1 = first) whose draws the
+        result holds, and ``json.loads(tree.attrs["pgpgm_round_problems"])`` why further rounds
+        ran: for every round followed by another, the failed checks of the draws kept up to
+        it. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
         that converges in the first round (FitzHugh-Nagumo) costs nothing more.
 
@@ -368,7 +377,7 @@ def sample_posterior(
                    target_accept=target_accept)
     tree = pm.sample(step=step, initvals=starts, **common)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
-    rounds, reasons, n_draws = 1, [], draws
+    rounds, reasons, round_draws, kept = 1, [], [draws], [1]
     while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
         diag = diagnose(tree, names)
         found = problems(diag)
@@ -376,18 +385,24 @@ def sample_posterior(
             break
         reasons.append(found)
         ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
-        n_draws = next_round_draws(n_draws, ess, draws)
+        carry = rounds > 1 and not bool(tree.sample_stats["diverging"].any())
+        n_draws = next_round_draws(tree.posterior.sizes["draw"], ess, draws, extends=carry)
         post = tree.posterior
         starts = [{rv.name: np.asarray(post[rv.name].values[c, -1], float) for rv in space.rvs}
                   for c in range(post.sizes["chain"])]
         target_accept = 1.0 - (1.0 - target_accept) / 2
         step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
                        target_accept=target_accept)
-        tree = pm.sample(step=step, initvals=starts,
+        more = pm.sample(step=step, initvals=starts,
                          **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
                             "random_seed": None if seed is None else seed + 1000 * rounds})
+        tree = extend_chains(tree, more) if carry else more
+        kept = [*kept, rounds + 1] if carry else [rounds + 1]
+        round_draws.append(n_draws)
         rounds += 1
     tree.attrs["pgpgm_rounds"] = rounds
+    tree.attrs["pgpgm_round_draws"] = json.dumps(round_draws)
+    tree.attrs["pgpgm_kept_rounds"] = json.dumps(kept)
     tree.attrs["pgpgm_round_problems"] = json.dumps(reasons)
     return tree
 
@@ -399,13 +414,30 @@ def sample_posterior(
 ROUND_ESS_MARGIN = 2.0
 
 
-def next_round_draws(last_draws: int, last_ess: float, draws: int) -> int:
-    """Draws per chain of a further round of :func:`sample_posterior`: the last round's min ESS
-    per draw carried to ``ROUND_ESS_MARGIN x ESS_MIN``, between ``draws`` and ``4 * draws``
-    (measured on LV x1 large noise, seed 1: a round of 2000 draws failed by one divergence only,
-    and a next round of just ``draws`` = 500 then fell short of the ESS)."""
-    want = last_draws * ROUND_ESS_MARGIN * ESS_MIN / max(float(last_ess), 1.0)
+def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool = False) -> int:
+    """Draws per chain of a further round of :func:`sample_posterior`: the min ESS per draw of the
+    last ``last_draws`` draws per chain carried to ``ROUND_ESS_MARGIN x ESS_MIN`` - less those
+    draws when the round ``extends`` them (rounds after the second) - between ``draws`` and
+    ``4 * draws`` (measured on LV x1 large noise, seed 1: a round of 2000 draws failed by one
+    divergence only, and a next round of just ``draws`` = 500 then fell short of the ESS)."""
+    want = last_draws * ROUND_ESS_MARGIN * ESS_MIN / max(float(last_ess), 1.0) - (last_draws if extends else 0)
     return int(np.ceil(np.clip(want, draws, 4 * draws)))
+
+
+def extend_chains(tree, more):
+    """``more`` (a DataTree from :func:`pymc.sample`) with the draws of ``tree`` before its own:
+    ``posterior`` and ``sample_stats`` joined along ``draw`` (renumbered 0, 1, ...), chain by
+    chain; ``more``'s other groups and attributes. ``more`` must continue ``tree``'s chains
+    (each chain started at ``tree``'s last draw of that chain)."""
+    import xarray as xr
+
+    out = more.copy()
+    for group in ("posterior", "sample_stats"):
+        joined = xr.concat([tree[group].to_dataset(), more[group].to_dataset()], dim="draw",
+                           data_vars="all", coords="minimal", compat="override", join="exact",
+                           combine_attrs="override")
+        out[group] = xr.DataTree(joined.assign_coords(draw=np.arange(joined.sizes["draw"])))
+    return out
 
 
 def pooled_covariance(space: ValueSpace, posterior, max_points: int = 2000) -> np.ndarray:

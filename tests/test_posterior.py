@@ -406,3 +406,73 @@ def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
     assert next_round_draws(2000, 54.0, 500) == 2000
     assert next_round_draws(2000, 5000.0, 500) == 500
     assert next_round_draws(500, 0.0, 500) == 2000
+    # a round that extends 2500 kept draws with ESS 600: 2500 * 800 / 600 - 2500 = 834 more
+    assert next_round_draws(2500, 600.0, 500, extends=True) == int(np.ceil(2500 * 800 / 600 - 2500)) == 834
+    assert next_round_draws(2500, 790.0, 500, extends=True) == 500  # a few more draws: at least ``draws``
+
+
+@pytest.mark.parametrize("diverge", [False, True])
+def test_later_rounds_extend_the_chains_and_are_judged_together(monkeypatch, diverge):
+    """Rounds 2, 3, ... continue each chain from its last draw and the result holds all their
+    draws, round by round (round 1 is warm-up and dropped); round 3 is sized from rounds 2's ESS
+    per draw (extends=True) and its mass matrix is the pooled covariance of the draws kept. The
+    checks are forced to fail twice so that three rounds run; every pm.sample call is recorded.
+    With a divergence marked in round 2 (``diverge``), round 3's draws replace round 2's."""
+    import json
+
+    import pgpgm.posterior as post_mod
+    from pgpgm.posterior import ValueSpace, next_round_draws, pooled_covariance
+
+    obs = _decay_data(0.8, 2.0, seed=3)
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    calls, checks, seen = [], [], []
+    real_sample, real_problems, real_full = post_mod.pm.sample, post_mod.problems, post_mod.QuadPotentialFull
+
+    def sample(*args, **kwargs):
+        calls.append(dict(kwargs, tree=real_sample(*args, **kwargs)))
+        if diverge and len(calls) == 2:
+            calls[-1]["tree"]["sample_stats"]["diverging"].values[1, 7] = True
+        return calls[-1]["tree"]
+
+    def problems(diag):
+        checks.append(diag)
+        return real_problems(diag) or (["forced"] if len(checks) <= 2 else [])
+
+    def full(cov, *a, **k):
+        seen.append(np.array(cov))
+        return real_full(cov, *a, **k)
+
+    monkeypatch.setattr(post_mod.pm, "sample", sample)
+    monkeypatch.setattr(post_mod, "problems", problems)
+    monkeypatch.setattr(post_mod, "QuadPotentialFull", full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": 0.05}, draws=200, tune=200,
+                                chains=4, cores=1, seed=1, max_rounds=5, progressbar=False)
+    assert len(calls) == 3 and tree.attrs["pgpgm_rounds"] == 3 and len(checks) == 3
+    r1, r2, r3 = (c["tree"] for c in calls)
+    n2, n3 = calls[1]["draws"], calls[2]["draws"]
+    assert json.loads(tree.attrs["pgpgm_round_draws"]) == [200, n2, n3]
+    assert json.loads(tree.attrs["pgpgm_kept_rounds"]) == ([3] if diverge else [2, 3])
+    assert n2 == next_round_draws(200, _min_ess(checks[0]), 200)
+    assert n3 == next_round_draws(n2, _min_ess(checks[1]), 200, extends=not diverge)
+    np.testing.assert_array_equal(diagnose(r2, layout.free)["ess_bulk"], checks[1]["ess_bulk"])  # round 2 judged
+    kept = [r3] if diverge else [r2, r3]
+    for name in ("k", "x_0"):
+        got = tree.posterior[name].values
+        np.testing.assert_array_equal(got, np.concatenate([r.posterior[name].values for r in kept], 1))
+        for c in range(4):  # each round starts every chain where the round before left it
+            assert calls[1]["initvals"][c][name] == r1.posterior[name].values[c, -1]
+            assert calls[2]["initvals"][c][name] == r2.posterior[name].values[c, -1]
+    n_kept = n3 + (0 if diverge else n2)
+    np.testing.assert_array_equal(tree.posterior["draw"].values, np.arange(n_kept))
+    assert tree.sample_stats["diverging"].shape == (4, n_kept)
+    assert int(tree.sample_stats["diverging"].sum()) == sum(int(r.sample_stats["diverging"].sum()) for r in kept)
+    space = ValueSpace(model)
+    np.testing.assert_allclose(seen[0], pooled_covariance(space, r1.posterior), rtol=1e-12)
+    np.testing.assert_allclose(seen[1], pooled_covariance(space, r2.posterior), rtol=1e-12)
+    assert not real_problems(diagnose(tree, layout.free))  # and the kept draws are a converged posterior
+
+
+def _min_ess(diag) -> float:
+    return float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
