@@ -65,8 +65,12 @@ for seed in range(args.first_seed, args.first_seed + args.seeds):
             "seconds": r.timings["total"], "posterior_s": r.timings["posterior"],
             "ode_solves": sum(r.n_ode_solves.values()),
             "rounds": int(r.posterior.attrs.get("pgpgm_rounds", 1)),
+            "kept_rounds": ",".join(map(str, json.loads(r.posterior.attrs.get("pgpgm_kept_rounds", "[1]")))),
         })
         print(rows[-1], flush=True)
+        for k, found in enumerate(json.loads(r.posterior.attrs.get("pgpgm_round_problems", "[]")), 1):
+            print(f"  step 4 after round {k} (draws per chain {json.loads(r.posterior.attrs['pgpgm_round_draws'])[:k]}):"
+                  f" {found}", flush=True)
         with partial.open("a") as f:
             f.write(json.dumps(rows[-1]) + "\n")
 write(args.out, rows, f"## Published cases, {args.seeds} noise seeds each (relative errors exclude t6)")

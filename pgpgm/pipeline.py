@@ -271,7 +271,9 @@ def fit(
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
                                 max_rounds=posterior_rounds, progressbar=progressbar)
         diagnostics["posterior"] = diagnose(main, layout.free)
-        if "n_steps" in main.sample_stats:
+        if "pgpgm_round_gradient_evaluations" in main.attrs:  # every round's draws, not just those kept
+            solves_post = sum(json.loads(main.attrs["pgpgm_round_gradient_evaluations"]))
+        elif "n_steps" in main.sample_stats:
             solves_post = int(main.sample_stats["n_steps"].sum())
     elif posterior == "laplace":
         main = laplace_posterior(dense, ref, draws=posterior_draws * posterior_chains, seed=seed)

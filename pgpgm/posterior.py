@@ -347,7 +347,8 @@ def sample_posterior(
         ``tree.attrs["pgpgm_rounds"]`` says how many rounds ran,
         ``json.loads(tree.attrs["pgpgm_round_draws"])`` the draws per chain of each round,
         ``json.loads(tree.attrs["pgpgm_kept_rounds"])`` the rounds (1 = first) whose draws the
-        result holds, and ``json.loads(tree.attrs["pgpgm_round_problems"])`` why further rounds
+        result holds, ``json.loads(tree.attrs["pgpgm_round_gradient_evaluations"])`` each
+        round's leapfrog steps after tuning (one ODE solve with sensitivities each), and ``json.loads(tree.attrs["pgpgm_round_problems"])`` why further rounds
         ran: for every round followed by another, the failed checks of the draws kept up to
         it. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
@@ -378,6 +379,7 @@ def sample_posterior(
     tree = pm.sample(step=step, initvals=starts, **common)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
     rounds, reasons, round_draws, kept = 1, [], [draws], [1]
+    evaluations = [_gradient_evaluations(tree)]
     while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
         diag = diagnose(tree, names)
         found = problems(diag)
@@ -396,6 +398,7 @@ def sample_posterior(
         more = pm.sample(step=step, initvals=starts,
                          **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
                             "random_seed": None if seed is None else seed + 1000 * rounds})
+        evaluations.append(_gradient_evaluations(more))
         tree = extend_chains(tree, more) if carry else more
         kept = [*kept, rounds + 1] if carry else [rounds + 1]
         round_draws.append(n_draws)
@@ -403,6 +406,7 @@ def sample_posterior(
     tree.attrs["pgpgm_rounds"] = rounds
     tree.attrs["pgpgm_round_draws"] = json.dumps(round_draws)
     tree.attrs["pgpgm_kept_rounds"] = json.dumps(kept)
+    tree.attrs["pgpgm_round_gradient_evaluations"] = json.dumps(evaluations)
     tree.attrs["pgpgm_round_problems"] = json.dumps(reasons)
     return tree
 
@@ -422,6 +426,11 @@ def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool
     divergence only, and a next round of just ``draws`` = 500 then fell short of the ESS)."""
     want = last_draws * ROUND_ESS_MARGIN * ESS_MIN / max(float(last_ess), 1.0) - (last_draws if extends else 0)
     return int(np.ceil(np.clip(want, draws, 4 * draws)))
+
+
+def _gradient_evaluations(tree) -> int:
+    """Leapfrog steps (one ODE solve with sensitivities each) of the draws of ``tree``."""
+    return int(tree.sample_stats["n_steps"].sum()) if "n_steps" in tree.sample_stats else 0
 
 
 def extend_chains(tree, more):

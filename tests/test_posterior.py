@@ -197,6 +197,7 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
         r = pgpgm.fit(lv.system, ds, ["x1"], draws=100, tune=100, seed=1, progressbar=False, posterior_draws=20,
                       posterior_tune=20, posterior_chains=1, cores=1, posterior_rounds=2)
     assert seen == [2] and r.posterior.attrs["pgpgm_rounds"] == 1  # one chain of 20 draws: no further round
+    assert r.n_ode_solves["posterior"] == int(r.posterior.sample_stats["n_steps"].sum()) > 20  # one per leapfrog step
     assert inspect.signature(pgpgm.fit).parameters["posterior_rounds"].default == MAX_ROUNDS == 6
     assert inspect.signature(sample_posterior).parameters["max_rounds"].default == MAX_ROUNDS
 
@@ -468,6 +469,8 @@ def test_later_rounds_extend_the_chains_and_are_judged_together(monkeypatch, div
     np.testing.assert_array_equal(tree.posterior["draw"].values, np.arange(n_kept))
     assert tree.sample_stats["diverging"].shape == (4, n_kept)
     assert int(tree.sample_stats["diverging"].sum()) == sum(int(r.sample_stats["diverging"].sum()) for r in kept)
+    assert json.loads(tree.attrs["pgpgm_round_gradient_evaluations"]) == [int(r.sample_stats["n_steps"].sum())
+                                                                          for r in (r1, r2, r3)]
     space = ValueSpace(model)
     np.testing.assert_allclose(seen[0], pooled_covariance(space, r1.posterior), rtol=1e-12)
     np.testing.assert_allclose(seen[1], pooled_covariance(space, r2.posterior), rtol=1e-12)
