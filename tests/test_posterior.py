@@ -316,11 +316,11 @@ def test_a_failed_first_round_is_followed_by_a_pooled_round_that_converges():
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.xfail(strict=True, reason="measured 2026-11-23 with the soft-wall log scale (3 rounds, step 4 on the "
-                   "default fit's inputs): max R-hat 1.002, min ESS 797, 6 divergences where the ridge meets theta1 <= 10")
 def test_default_fit_converges_on_lotka_volterra_x1_observed(lv):
     """Issue 10 target: the default fit's NUTS posterior on LV x1 observed, noise seed 0, meets
-    R-hat <= 1.01, ESS >= 400 and no divergences (a banana-shaped, weakly identified posterior)."""
+    R-hat <= 1.01, ESS >= 400 and no divergences (a banana-shaped, weakly identified posterior).
+    Failed until 2026-11-23 (6 divergences where the ridge meets theta1 <= 10); passes since the
+    priors are float64 and later rounds extend the chains (2026-11-24, 193 s)."""
     from pgpgm.diagnostics import problems
 
     c = lv.case("x1-observed")
