@@ -38,7 +38,7 @@ from _common import write
 from pgpgm.gp import KERNELS, fit_gp
 from pgpgm.gp import fit as gpfit
 
-BEFORE = "01c5e49"  # main before branch gpsig: sigmoid 4.9-5.4 s, 79 evaluations (RESULTS.md, quiet machine)
+BEFORE = "3078f7d"  # main before the warm start on thinned points (01c5e49 before branch gpsig: sigmoid 4.9-5.4 s)
 
 
 def load_before(commit: str):

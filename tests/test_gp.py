@@ -351,8 +351,29 @@ def test_large_grid():
     assert gm.D.shape == (1000, 1000) and np.all(np.isfinite(gm.A))
 
 
+@pytest.mark.parametrize("kernel", ["rbf", "matern52", "sigmoid"])
+def test_long_series_warm_start_reaches_the_full_fits_optimum(kernel):
+    """N = 1000 (issue 12): starts on 250 thinned points, then one optimisation on all 1000,
+    reach the optimum of every start on all 1000 points (warm_start_points=None) - log marginal
+    likelihood to 1e-6 nats, noise sd to 1e-3 relative - on an uneven series; a series of at
+    most 2 x 250 points is fitted exactly as before."""
+    rng = np.random.default_rng(5)
+    t = np.sort(rng.uniform(0, 100, 1000))
+    y = 1 / (1 + np.exp(-(t - 30) / 8)) + 0.02 * rng.standard_normal(t.size)
+    full = fit_gp(t, y, kernel, n_starts=2, warm_start_points=None)
+    warm = fit_gp(t, y, kernel, n_starts=2)
+    assert warm.log_marginal_likelihood == pytest.approx(full.log_marginal_likelihood, abs=1e-6)
+    assert warm.noise_sd == pytest.approx(full.noise_sd, rel=1e-3)
+    short = fit_gp(t[::2], y[::2], kernel, n_starts=2)  # 500 points: no thinning
+    same = fit_gp(t[::2], y[::2], kernel, n_starts=2, warm_start_points=None)
+    assert short.log_marginal_likelihood == same.log_marginal_likelihood
+    np.testing.assert_array_equal(short.hyper, same.hyper)
+
+
 def test_clear_errors():
     t = np.linspace(0, 1, 10)
+    with pytest.raises(DataError, match="warm_start_points"):
+        fit_gp(t, np.sin(t), warm_start_points=2)
     with pytest.raises(DataError, match="at least 3"):
         fit_gp(t[:2], t[:2])
     with pytest.raises(DataError, match="NaN"):
