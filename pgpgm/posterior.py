@@ -348,9 +348,9 @@ def sample_posterior(
         ``json.loads(tree.attrs["pgpgm_round_draws"])`` the draws per chain of each round,
         ``json.loads(tree.attrs["pgpgm_kept_rounds"])`` the rounds (1 = first) whose draws the
         result holds, ``json.loads(tree.attrs["pgpgm_round_gradient_evaluations"])`` each
-        round's leapfrog steps after tuning (one ODE solve with sensitivities each), and ``json.loads(tree.attrs["pgpgm_round_problems"])`` why further rounds
-        ran: for every round followed by another, the failed checks of the draws kept up to
-        it. Only when
+        round's leapfrog steps after tuning (one ODE solve with sensitivities each), and
+        ``json.loads(tree.attrs["pgpgm_round_problems"])`` why further rounds ran: for every
+        round followed by another, the failed checks of the draws kept up to it. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
         that converges in the first round (FitzHugh-Nagumo) costs nothing more.
 
@@ -421,7 +421,8 @@ ROUND_ESS_MARGIN = 2.0
 def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool = False) -> int:
     """Draws per chain of a further round of :func:`sample_posterior`: the min ESS per draw of the
     last ``last_draws`` draws per chain carried to ``ROUND_ESS_MARGIN x ESS_MIN`` - less those
-    draws when the round ``extends`` them (rounds after the second) - between ``draws`` and
+    draws when the round ``extends`` them (a round after the second whose kept draws have no
+    divergence) - between ``draws`` and
     ``4 * draws`` (measured on LV x1 large noise, seed 1: a round of 2000 draws failed by one
     divergence only, and a next round of just ``draws`` = 500 then fell short of the ESS)."""
     want = last_draws * ROUND_ESS_MARGIN * ESS_MIN / max(float(last_ess), 1.0) - (last_draws if extends else 0)
