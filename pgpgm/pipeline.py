@@ -88,8 +88,9 @@ def fit(
     scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
     ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
     refined from the chains' running means has settled (checked every 100 iterations; one
-    interval when every chain refines to it, two when they differ:
-    :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have found the basin);
+    interval when every chain refines to it, two when they differ, never while it lies on a
+    Uniform prior's bound: :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have
+    found the basin);
     ``"never"`` runs the whole budget ``tune + draws`` per chain (the published setting);
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and

@@ -15,7 +15,7 @@ from pgpgm import DataError, gradient_matching_density, sample
 from pgpgm.priors import Priors
 from pgpgm.refine import LeastSquaresProblem, refine
 from pgpgm.sampling import Block, Elementwise, GradientMatchingTarget
-from pgpgm.sampling.stopping import Decision, RefinedAgreement
+from pgpgm.sampling.stopping import Checkpoint, Decision, RefinedAgreement
 
 
 @dataclass(frozen=True)
@@ -179,3 +179,55 @@ def test_early_stopping_gives_the_full_budgets_optimum(name, case, starts):
     assert abs(full.estimates.attrs["refinement_nll"] - best.nll) < 1e-6
     np.testing.assert_allclose(early.theta, full.theta, rtol=1e-5)
     assert early.n_ode_solves["sampling"] < full.n_ode_solves["sampling"] / 2
+
+
+# ---------------------------------------------------------------- an optimum on a prior bound
+def test_an_optimum_on_a_prior_bound_does_not_stop_the_chains(lv):
+    data, c, _ = _case(lv, "x1-observed")
+    theta_true = np.asarray(data.attrs["theta"], float)
+    x0 = np.array(c.x0, float)
+    cps = [Checkpoint(k, 100, 50, theta_true * (1 + 0.02 * k), x0) for k in range(2)]
+
+    def decisions(priors, **kw):
+        density = gradient_matching_density(lv.system, data, c.observed, kernel=c.kernel, gamma=c.gamma,
+                                            priors=priors)
+        rule = RefinedAgreement(density, density.integrator, density.priors.bounds, **kw)
+        out, prev = [], None
+        for _ in range(3):
+            prev = rule.decide(cps, prev)
+            out.append(prev)
+        return out
+
+    # the data's optimum (theta1 near 2) inside the box: the agreeing chains stop at the second check
+    wide = decisions(lv.priors("x1-observed"))
+    assert [d.stop for d in wide[:2]] == [False, True] and "bound" not in wide[1].reason
+    # theta1's prior (0, 1.5) cuts it off: every refinement ends on the bound, and the chains go on
+    cut = dict(lv.priors("x1-observed"), theta1=(0.0, 1.5))
+    held = decisions(cut)
+    for d in held:
+        assert max(d.nll) - min(d.nll) < 0.01 and all(abs(t[0] - 1.5) < 1e-6 for t in d.theta)
+        assert not d.stop and "theta1 at its upper bound 1.5" in d.reason and "whole budget" in d.reason
+    assert [d.settled for d in held] == [0, 1, 2]
+    assert min(held[0].nll) > min(wide[0].nll) + 1  # the bound costs likelihood: a worse optimum
+    # a finite bound_patience lets such an optimum stop the chains after that many settled checks
+    assert [d.stop for d in decisions(cut, bound_patience=2)] == [False, False, True]
+    with pytest.raises(DataError, match="bound_patience"):
+        RefinedAgreement(_case(lv, "x1-observed")[2], None, bound_patience=0)
+
+
+def test_chains_held_at_a_bound_run_on_to_the_multistart_optimum(lv):
+    # Lotka-Volterra with x2 observed, data and sampler seed 4: both chains sit in a mode of the
+    # gradient-matching density whose refinement ends on theta1's upper bound 10, 38 nats above the
+    # optimum, until ~2600 iterations; stopped at 200 (as before the rule) the fit kept that optimum
+    data, c, _ = _case(lv, "x2-observed", seed=4)
+    best = _multistart_optimum(lv, "x2-observed", data, c, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = pgpgm.fit(lv.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=lv.priors("x2-observed"),
+                      posterior=None, progressbar=False, seed=4)
+    s = json.loads(r.gradient_matching.attrs["pgpgm_stopping"])
+    at_bound = ["theta1 at its upper bound 10" in ch["reason"] for ch in s["checks"]]
+    assert at_bound[:2] == [True, True] and not at_bound[-1]  # held at the bound, then the optimum
+    assert abs(r.estimates.attrs["refinement_nll"] - best.nll) < 1e-6
+    np.testing.assert_allclose(r.theta, best.theta, rtol=1e-4)
+    assert abs(best.theta[0] - 10) > 1
