@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numba
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
@@ -169,6 +170,31 @@ class SweepStatistics:
     z: np.ndarray
 
 
+@numba.njit(cache=True)
+def sweep_statistics(Xo, Fo, mu, Cinv, D, P):
+    """w, r, z (M, N) of :class:`SweepStatistics` for the observed states' values Xo (N, M),
+    f at them Fo (N, M), GP means mu (M,), C^-1, D and (A + gamma I)^-1 (M, N, N):
+    w = C^-1 (x - mu), r = f - D (x - mu), z = (A + gamma I)^-1 r, state by state."""
+    N, M = Xo.shape
+    w, r, z = np.empty((M, N)), np.empty((M, N)), np.empty((M, N))
+    dx = np.empty(N)
+    for m in range(M):
+        for i in range(N):
+            dx[i] = Xo[i, m] - mu[m]
+        for i in range(N):
+            sw, sr = 0.0, Fo[i, m]
+            for k in range(N):
+                sw += Cinv[m, i, k] * dx[k]
+                sr -= D[m, i, k] * dx[k]
+            w[m, i], r[m, i] = sw, sr
+        for i in range(N):
+            s = 0.0
+            for k in range(N):
+                s += P[m, i, k] * r[m, k]
+            z[m, i] = s
+    return w, r, z
+
+
 @dataclass(frozen=True)
 class GradientMatchingDensity:
     """Everything that defines the gradient-matching density (immutable).
@@ -255,12 +281,12 @@ class GradientMatchingDensity:
     def statistics(self, theta, X) -> SweepStatistics:
         """The maintained vectors at parameters ``theta`` (P,) and states ``X`` (N, S)."""
         F = self.system.rhs_on_grid(self.obs.times, X, theta)
-        w, r, z = (np.empty((len(self.terms), self.obs.times.size)) for _ in range(3))
-        for m, k in enumerate(self.terms):
-            dx = X[:, k.index] - k.matching.mean
-            w[m] = k.matching.C_precision @ dx
-            r[m] = F[:, k.index] - k.matching.D @ dx
-            z[m] = k.grad_precision @ r[m]
+        obs = list(self.observed_idx)
+        w, r, z = sweep_statistics(np.ascontiguousarray(X[:, obs]), np.ascontiguousarray(F[:, obs]),
+                                   np.array([k.matching.mean for k in self.terms], float),
+                                   np.stack([k.matching.C_precision for k in self.terms]),
+                                   np.stack([k.matching.D for k in self.terms]),
+                                   np.stack([k.grad_precision for k in self.terms]))
         return SweepStatistics(F, w, r, z)
 
     # ------------------------------------------------------------------ the PyMC model

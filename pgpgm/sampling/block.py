@@ -122,7 +122,7 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
                target: GradientMatchingTarget) -> tuple[ChainState, float, bool]:
     """One joint move of (z, the free observed-state values); returns the state, the
     acceptance probability and whether it was accepted."""
-    d, a = target.density, target.arrays
+    a = target.arrays
     P = state.q.size  # the coordinates: parameters, then unknown latent initial values
     obs, latent = a.obs_idx, a.lat_idx.size > 0
     if state.conditional is None:
@@ -145,11 +145,10 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
         new = conditional_gaussian(target, theta_p, _linearisation_point(target, zp[P:], lat))
     except np.linalg.LinAlgError:
         return state, 0.0, False
-    xf = new.draw(normals)
-    Xp = new.put(Xp, obs, xf)
-    stats = d.statistics(theta_p, Xp)
+    log_q_new = new.draw_into(Xp, obs, normals)
+    stats = target.statistics(theta_p, Xp)
     lp = lp_par + target.state_part(Xp, stats)
-    log_r = (lp - state.logp + cur.logpdf(cur.values(state.X, obs)) - new.logpdf(xf)
+    log_r = (lp - state.logp + cur.logpdf_at(state.X, obs) - log_q_new
              + params.coords.log_jacobian(zp[:P]) - params.coords.log_jacobian(z[:P]))
     prob = float(np.exp(min(0.0, log_r))) if np.isfinite(log_r) else 0.0
     if log_u < log_r:

@@ -53,10 +53,22 @@ class ConditionalGaussian:
         v = self.chol.T @ (x - self.mean)
         return float(-0.5 * v @ v + self.log_norm)
 
+    def logpdf_at(self, X: np.ndarray, obs_idx: np.ndarray) -> float:
+        """log density at the free values of states X (N, S): ``logpdf(values(X, obs_idx))``
+        in one compiled call."""
+        return _logpdf_at(self.mean, self.chol, self.log_norm, X, obs_idx, X.shape[0] - self.mean.size
+                          // len(obs_idx))
+
     def draw(self, normals: np.ndarray) -> np.ndarray:
         """The draw mean + L^-T e for standard normals e (K,)."""
         # LAPACK directly: scipy.linalg's wrappers cost more than this K x K solve
         return self.mean + lapack.dtrtrs(self.chol, normals, lower=1, trans=1)[0]
+
+    def draw_into(self, X: np.ndarray, obs_idx: np.ndarray, normals: np.ndarray) -> float:
+        """Write the draw ``draw(normals)`` into the free values of X (N, S) in place; returns
+        its log density, -e.e/2 + log_norm (L^T (x - mean) = e)."""
+        _draw_into(self.mean, self.chol, normals, X, obs_idx, X.shape[0] - self.mean.size // len(obs_idx))
+        return float(-0.5 * normals @ normals + self.log_norm)
 
     def values(self, X: np.ndarray, obs_idx) -> np.ndarray:
         """The free values (K,) of states X (N, S)."""
@@ -94,19 +106,84 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     d.system.compiled.jacobian_on_grid(d.obs.times, np.ascontiguousarray(Xbar, float), np.asarray(theta, float), J)
     j = np.ascontiguousarray(J[:, obs][:, :, obs])  # (N, M, M): d f_{obs m} / d x_{obs l}
     xbar = np.ascontiguousarray(Xbar[:, obs])
-    lam, b = _precision_and_linear_term(np.ascontiguousarray(F[:, obs]), j, xbar, a.Cinv, a.obs_precision, a.P,
-                                        a.PDt, a.DtPD, a.Dt, a.lin, a.Dmu)
     i0 = 1 if a.lat_idx.size else 0  # the values at times[0] are the solve's initial values: fixed
-    K = M * (N - i0)
-    rhs = b[:, i0:].reshape(K)
-    if i0:
-        rhs = rhs - lam[:, 1:, :, 0].reshape(K, M) @ xbar[0]
-    chol, info = lapack.dpotrf(lam[:, i0:, :, i0:].reshape(K, K), lower=1, clean=1)
-    if info != 0:
-        raise np.linalg.LinAlgError("the precision of the observed states is not positive definite")
-    mean = lapack.dpotrs(chol, rhs, lower=1)[0]
-    free = free_indices(N, M, bool(i0))
-    return ConditionalGaussian(free, mean, chol, float(np.log(np.diagonal(chol)).sum() - 0.5 * K * np.log(2 * np.pi)))
+    mean, chol, log_norm = _gaussian(np.ascontiguousarray(F[:, obs]), j, xbar, a.Cinv, a.obs_precision, a.P, a.PDt,
+                                     a.DtPD, a.Dt, a.lin, a.Dmu, i0)
+    return ConditionalGaussian(free_indices(N, M, bool(i0)), mean, chol, log_norm)
+
+
+@numba.njit(cache=True)
+def _gaussian(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu, i0):
+    """mean (K,), lower Cholesky factor (K, K) of the precision and the normalising constant of
+    the Gaussian over the free values (rows i >= i0 of every observed state, state-major), the
+    fixed rows conditioned on (see :func:`_precision_and_linear_term` for the arguments).
+    Raises ``numpy.linalg.LinAlgError`` if the precision is not positive definite."""
+    lam, b = _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu)
+    M, N = Cinv.shape[0], Cinv.shape[1]
+    n = N - i0
+    K = M * n
+    A = np.empty((K, K))
+    rhs = np.empty(K)
+    for m in range(M):
+        for i in range(i0, N):
+            p = m * n + i - i0
+            s = b[m, i]
+            if i0:
+                for l in range(M):
+                    s -= lam[m, i, l, 0] * xbar[0, l]
+            rhs[p] = s
+            for l in range(M):
+                for k in range(i0, N):
+                    A[p, l * n + k - i0] = lam[m, i, l, k]
+    L = np.linalg.cholesky(A)
+    y = np.empty(K)  # L y = rhs, then L^T mean = y
+    for p in range(K):
+        s = rhs[p]
+        for q in range(p):
+            s -= L[p, q] * y[q]
+        y[p] = s / L[p, p]
+    mean = np.empty(K)
+    log_norm = -0.5 * K * np.log(2.0 * np.pi)
+    for p in range(K - 1, -1, -1):
+        s = y[p]
+        for q in range(p + 1, K):
+            s -= L[q, p] * mean[q]
+        mean[p] = s / L[p, p]
+        log_norm += np.log(L[p, p])
+    return mean, L, log_norm
+
+
+@numba.njit(cache=True)
+def _draw_into(mean, L, normals, X, obs_idx, i0):
+    """X[i, obs_idx[m]] = x[m * (N - i0) + i - i0] for x = mean + L^-T normals (in place)."""
+    K = mean.size
+    N = X.shape[0]
+    n = N - i0
+    v = np.empty(K)
+    for p in range(K - 1, -1, -1):
+        s = normals[p]
+        for q in range(p + 1, K):
+            s -= L[q, p] * v[q]
+        v[p] = s / L[p, p]
+    for p in range(K):
+        X[i0 + p % n, obs_idx[p // n]] = mean[p] + v[p]
+
+
+@numba.njit(cache=True)
+def _logpdf_at(mean, L, log_norm, X, obs_idx, i0):
+    """The log density of N(mean, (L L^T)^-1) at the free values of X (N, S)."""
+    K = mean.size
+    n = X.shape[0] - i0
+    d = np.empty(K)
+    for p in range(K):
+        d[p] = X[i0 + p % n, obs_idx[p // n]] - mean[p]
+    total = 0.0
+    for q in range(K):  # v = L^T d
+        s = 0.0
+        for p in range(q, K):
+            s += L[p, q] * d[p]
+        total += s * s
+    return -0.5 * total + log_norm
 
 
 @numba.njit(cache=True)

@@ -85,7 +85,7 @@ def init(target: GradientMatchingTarget, q0, X0=None) -> ChainState:
                          + target.explain(q0, X))
     if lat is not None:
         X[:, list(d.latent_idx)] = lat
-    stats = d.statistics(theta, X)
+    stats = target.statistics(theta, X)
     return ChainState(q0, theta, X, stats, logp, logp_par=logp - target.state_part(X, stats))
 
 
@@ -101,7 +101,7 @@ def refresh(state: ChainState, target: GradientMatchingTarget) -> ChainState:
     (:func:`anchor` where ``logp_par`` is unknown)."""
     if not np.isfinite(state.logp_par):
         return anchor(state, target)
-    stats = target.density.statistics(state.theta, state.X)
+    stats = target.statistics(state.theta, state.X)
     return replace(state, stats=stats, logp=state.logp_par + target.state_part(state.X, stats))
 
 
@@ -142,7 +142,7 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
             Xp[:, list(d.latent_idx)] = lat
             X, logp = Xp, lp
             accepted[0, m] = 1
-            stats = d.statistics(theta, X)
+            stats = target.statistics(theta, X)
     # 3. parameters, each with a fresh latent-state solve
     moved = np.zeros(q.size, dtype=bool)  # parameters, then unknown latent initial values
     for j in np.flatnonzero(params.move_params):
@@ -154,7 +154,7 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
             if lat is not None:
                 X = X.copy()
                 X[:, list(d.latent_idx)] = lat
-            stats = d.statistics(theta, X)
+            stats = target.statistics(theta, X)
             moved[j] = True
     return ChainState(q, theta, X, stats, logp), StepInfo(accepted, moved)
 

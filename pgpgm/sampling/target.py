@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
 
+import numba
 import numpy as np
 import pymc as pm
 import pytensor
@@ -37,7 +38,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
-from ..density import GradientMatchingDensity, ParameterStructure
+from ..density import GradientMatchingDensity, ParameterStructure, SweepStatistics, sweep_statistics
 from ..errors import PgpgmError
 from ..solve.numba_op import compiles, track_solves
 from ..solve.op import ODEOp
@@ -344,13 +345,19 @@ class GradientMatchingTarget:
 
     def state_part(self, X, stats) -> float:
         """The density's terms in the states: GP prior, likelihood and gradient matching,
-        from the maintained vectors ``stats`` (:meth:`~pgpgm.density.GradientMatchingDensity.statistics`)
-        at states X (N, S), in O(N M)."""
+        from the maintained vectors ``stats`` (:meth:`statistics`) at states X (N, S), in O(N M)."""
         a = self.arrays
-        xm = X[:, a.obs_idx].T  # (M, N)
-        q = np.sum((xm - a.mu[:, None]) * stats.w) + np.sum(a.obs_precision * (a.Y.T - xm) ** 2)
-        q += np.sum(stats.r * stats.z)
-        return -0.5 * float(q) + self.log_normaliser
+        return _state_quadratic(X, a.obs_idx, a.mu, a.obs_precision, a.Y, stats.w, stats.r, stats.z) \
+            + self.log_normaliser
+
+    def statistics(self, theta, X) -> SweepStatistics:
+        """:meth:`pgpgm.density.GradientMatchingDensity.statistics` at parameters ``theta``
+        (P,) and states X (N, S), from the stacked matrices of :attr:`arrays`."""
+        a = self.arrays
+        F = self.density.system.rhs_on_grid(self.density.obs.times, X, theta)
+        w, r, z = sweep_statistics(np.ascontiguousarray(X[:, a.obs_idx]), np.ascontiguousarray(F[:, a.obs_idx]),
+                                   a.mu, a.Cinv, a.D, a.P)
+        return SweepStatistics(F, w, r, z)
 
     def lower_bounds(self) -> np.ndarray:
         """(Q,) the lower end of each coordinate's support (-inf when unbounded below), read
@@ -375,7 +382,7 @@ class GradientMatchingTarget:
         if lat is not None:
             X = X.copy()
             X[:, self.arrays.lat_idx] = lat
-        lp = lp_par + self.state_part(X, self.density.statistics(theta, X))
+        lp = lp_par + self.state_part(X, self.statistics(theta, X))
         return (lp if np.isfinite(lp) else -np.inf), theta, lat
 
     def evaluate_model(self, q, X) -> tuple[float, np.ndarray, np.ndarray | None]:
@@ -425,3 +432,17 @@ def _refuse_state_terms(density: GradientMatchingDensity, model: pm.Model) -> No
     if bad:
         raise PgpgmError(f"the model has terms {bad} on the observed states, which the element-wise sampler "
                          "does not track; sample such a model with pm.sample (NUTS)")
+
+
+@numba.njit(cache=True)
+def _state_quadratic(X, obs_idx, mu, obs_precision, Y, w, r, z):
+    """-1/2 [sum (x - mu) w + sum obs_precision (y - x)^2 + sum r z] over the observed states
+    (M,) of X (N, S): the state part of the log density without its constant."""
+    N, M = Y.shape
+    q = 0.0
+    for m in range(M):
+        k = obs_idx[m]
+        for i in range(N):
+            x = X[i, k]
+            q += (x - mu[m]) * w[m, i] + obs_precision[m, i] * (Y[i, m] - x) ** 2 + r[m, i] * z[m, i]
+    return -0.5 * q
