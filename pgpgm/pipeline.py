@@ -87,9 +87,9 @@ def fit(
     ``scheme`` is the gradient-matching step's (``"block"``, the paper's ``"elementwise"``, or a
     scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
     ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
-    refined from the chains' running means has settled (checked every 100 iterations; one
-    interval when every chain refines to it, two when they differ, never while it lies on a
-    Uniform prior's bound: :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have
+    refined from the chains' running means has settled (checked at 100 iterations and every
+    50 after; one interval when every chain refines to it, two when they differ, never while
+    it lies on a Uniform prior's bound: :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have
     found the basin);
     ``"never"`` runs the whole budget ``tune + draws`` per chain (the published setting);
     a stop rule object is used as given. When and why step 2 stopped:

@@ -149,7 +149,7 @@ def sample(
     state_scale, param_scale : initial proposal sds (state units; parameter units, scalar or (P,))
     stop : ``"never"`` (default: every chain runs ``tune + draws`` iterations, the published
         budget), ``"agree"`` (stop once the best least-squares optimum refined from the
-        chains' means has settled, checked every 100 iterations:
+        chains' means has settled, checked at 100 iterations and every 50 after:
         :class:`pgpgm.sampling.stopping.RefinedAgreement` with the density's defaults) or a
         stop rule object such as ``RefinedAgreement(density, integrator, check_every=100)``.
         The chains then advance together, check by check, in this process or in the

@@ -109,10 +109,13 @@ class RefinedAgreement:
         prior (:func:`pgpgm.bounds.bound_report`), whether the chains agree or not; None
         (default): such an optimum never stops the chains early (they run the whole budget)
 
-    The default first check at 100 iterations and stop at 200 at the earliest follow the
-    published cases: every chain's mean refined to the global optimum by 150 iterations on
-    FitzHugh-Nagumo (R observed, seeds 0-2), after sitting in a local optimum for the first
-    50-100 (both chains agreeing there at 50: one check would not do).
+    The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
+    earliest - follow the published cases: every chain's mean refined to the global optimum
+    by 150 iterations on FitzHugh-Nagumo (R observed, seeds 0-2), after sitting in a local
+    optimum for the first 50-100 (both chains agreeing there at 50: one check would not do;
+    checks every 25 from 25 on stopped 2 of 5 such fits in a wrong optimum). Checks at 100,
+    150, ... reached the optimum of checks at 100, 200, ... in 60 of 60 fits (the six
+    published cases, data and sampler seeds 0-9) at 0.8-0.9x the CPU time.
     """
 
     density: GradientMatchingDensity
@@ -121,7 +124,7 @@ class RefinedAgreement:
     refine_x0: bool = True
     estimate_noise: bool = True
     tol: float = 0.01
-    check_every: int = 100
+    check_every: int = 50
     min_iterations: int = 100
     patience: int = 2
     bound_patience: int | None = None
