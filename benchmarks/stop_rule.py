@@ -34,7 +34,7 @@ import pgpgm.pipeline as pipeline
 from pgpgm.sampling.stopping import RefinedAgreement
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, write  # noqa: E402
+from _common import write  # noqa: E402
 
 CASES = {"lv-x1": ("lotka-volterra", "x1-observed"), "lv-x2": ("lotka-volterra", "x2-observed"),
          "lv-x1-ln": ("lotka-volterra", "x1-observed-large-noise"),

@@ -17,8 +17,7 @@ against the box for thousands of iterations before they find the data's optimum
 (Lotka-Volterra, x2 observed, data and sampler seed 4: both chains' means refined to a
 bound, 38 nats above the optimum, at every check up to 2600 iterations, and to the optimum
 from 2700 on), and no check tells such a mode from an optimum that really lies on the box.
-``stop="never"`` runs the
-whole budget (``tune + draws``), as published.
+``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
 from __future__ import annotations
@@ -163,7 +162,7 @@ class RefinedAgreement:
         if at_bound:
             need = np.inf if self.bound_patience is None else max(need, self.bound_patience)
         bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
-            "the chains run the whole budget" if self.bound_patience is None else
+            "the chains go on until it leaves the bound or to the whole budget" if self.bound_patience is None else
             f"it must hold for {need * self.check_every} iterations")
         if settled >= need:
             reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
