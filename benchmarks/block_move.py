@@ -57,7 +57,7 @@ def main() -> None:
     move = _per_call_us(lambda: block_move(rng, state, params, target), a.moves)
     g = state.conditional
     e = rng.standard_normal(g.mean.size)
-    lin = _linearisation_point(target, X[0, arrays.obs_idx], X[:, arrays.lat_idx])
+    lin = _linearisation_point(target, X)
     stats = target.statistics(state.theta, X)
     row = {"block move": move,
            "parameter part (PyTensor + CVODE)": _per_call_us(lambda: target.parameter_part(state.q, X), a.moves),

@@ -195,6 +195,34 @@ def sweep_statistics(Xo, Fo, mu, Cinv, D, P):
     return w, r, z
 
 
+@numba.njit(cache=True)
+def state_terms(X, F, obs_idx, mu, Cinv, D, P, obs_precision, Y):
+    """w, r, z (M, N) of :func:`sweep_statistics` and :func:`state_quadratic`
+    at states X (N, S) with f there F (N, S), the observed states' columns ``obs_idx`` (M,)
+    gathered here."""
+    N, M = Y.shape
+    Xo, Fo = np.empty((N, M)), np.empty((N, M))
+    for i in range(N):
+        for m in range(M):
+            Xo[i, m], Fo[i, m] = X[i, obs_idx[m]], F[i, obs_idx[m]]
+    w, r, z = sweep_statistics(Xo, Fo, mu, Cinv, D, P)
+    return w, r, z, state_quadratic(X, obs_idx, mu, obs_precision, Y, w, r, z)
+
+
+@numba.njit(cache=True)
+def state_quadratic(X, obs_idx, mu, obs_precision, Y, w, r, z):
+    """-1/2 [sum (x - mu) w + sum obs_precision (y - x)^2 + sum r z] over the observed states
+    (M,) of X (N, S): the state part of the log density without its constant."""
+    N, M = Y.shape
+    q = 0.0
+    for m in range(M):
+        k = obs_idx[m]
+        for i in range(N):
+            x = X[i, k]
+            q += (x - mu[m]) * w[m, i] + obs_precision[m, i] * (Y[i, m] - x) ** 2 + r[m, i] * z[m, i]
+    return -0.5 * q
+
+
 @dataclass(frozen=True)
 class GradientMatchingDensity:
     """Everything that defines the gradient-matching density (immutable).

@@ -17,6 +17,7 @@ import pgpgm
 from pgpgm import DataError, ODESystem, gradient_matching_density, sample
 from pgpgm.sampling import Block, GradientMatchingTarget, driver, kernel
 from pgpgm.sampling.adapt import window_ends
+from pgpgm.sampling.block import Coordinates, _proposal
 from pgpgm.sampling.conditional import conditional_gaussian
 from pgpgm.sampling.target import SweepArrays
 from tests.test_density_sampler import _gaussian_case
@@ -164,8 +165,27 @@ def test_state_gaussian_is_the_exact_conditional_when_f_is_linear_in_the_states(
     same = density.statistics(state.theta, X)
     for name in ("F", "w", "r", "z"):
         np.testing.assert_array_equal(getattr(stats, name), getattr(same, name))
+    # the block move's state terms: the model's log density less its terms in the parameters
+    _, lp_states = target.state_terms(state.theta, X)
+    reference = target.evaluate_model(state.q, X)[0] - target.parameter_part(state.q, X)[0]
+    assert lp_states == pytest.approx(reference, rel=1e-10, abs=1e-8)
     # and the Gaussian is not flat: moving the states changes both terms
     assert np.ptp([target.evaluate_model(state.q, g.put(state.X, obs, g.mean + k))[0] for k in (0.0, 0.1)]) > 1
+
+
+def test_block_proposal_is_the_random_walk_in_the_move_coordinates():
+    coords = Coordinates(np.array([0.0, -1.0, 0.0]), np.array([True, True, False]))
+    rng = np.random.default_rng(2)
+    q, x0 = np.array([0.5, 2.0, -3.0]), np.array([1.5, 0.25])
+    A = rng.standard_normal((5, 5))
+    chol, e = np.linalg.cholesky(A @ A.T + 5 * np.eye(5)), rng.standard_normal(7)  # e: the move's normals first
+    zp, qp, log_jac = _proposal(q, x0, coords.lower, coords.log, chol, 0.7, e)
+    z = np.concatenate([coords.forward(q), x0])
+    np.testing.assert_allclose(zp, z + 0.7 * chol @ e[:5], rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(qp, coords.backward(zp[:3]), rtol=1e-14)
+    assert qp[2] == zp[2] and qp[0] == np.exp(zp[0]) and qp[1] == pytest.approx(-1 + np.exp(zp[1]), rel=1e-15)
+    assert log_jac == pytest.approx(coords.log_jacobian(zp[:3]) - coords.log_jacobian(z[:3]), rel=1e-14)
+    assert log_jac == pytest.approx(zp[0] + zp[1] - np.log(0.5) - np.log(3.0), rel=1e-14)
 
 
 def test_density_splits_into_parameter_and_state_parts(lv):

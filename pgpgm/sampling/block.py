@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numba
 import numpy as np
 
 from .conditional import ConditionalGaussian, conditional_gaussian
@@ -101,21 +102,52 @@ def block_vector(state: ChainState, params: BlockParams, target: GradientMatchin
     return np.concatenate([phi, state.X[0, target.arrays.obs_idx]])
 
 
-def _linearisation_point(target: GradientMatchingTarget, x0, latent) -> np.ndarray:
-    """X_bar (N, S): the GP means, ``x0`` (M,) at times[0] (latent states only), the latent states."""
+def _linearisation_point(target: GradientMatchingTarget, X: np.ndarray) -> np.ndarray:
+    """X_bar (N, S): the states X (N, S) with the observed states' free values replaced by
+    their GP means (with latent states the values at ``times[0]`` are the solve's initial
+    values and stay)."""
     a = target.arrays
-    X = np.zeros((a.Y.shape[0], a.obs_idx.size + a.lat_idx.size))
-    X[:, a.obs_idx] = a.gp_mean
-    if a.lat_idx.size:
-        X[0, a.obs_idx] = x0
-        X[:, a.lat_idx] = latent
-    return X
+    i0 = 1 if a.lat_idx.size else 0
+    Xbar = X.copy()
+    Xbar[i0:, a.obs_idx] = a.gp_mean[i0:]
+    return Xbar
 
 
 def _conditional_at(target: GradientMatchingTarget, state: ChainState) -> ConditionalGaussian:
-    a = target.arrays
-    return conditional_gaussian(target, state.theta, _linearisation_point(target, state.X[0, a.obs_idx],
-                                                                          state.X[:, a.lat_idx]))
+    return conditional_gaussian(target, state.theta, _linearisation_point(target, state.X))
+
+
+@numba.njit(cache=True)
+def _proposal(q, x0, lower, log, chol, scale, e):
+    """The block proposal from coordinates q (P,) and observed initial values x0 (d - P,):
+    z = (phi(q), x0), z' = z + scale chol e for e (d,); returns z' (d,), q' = phi^-1(z'[:P])
+    (P,) and log |dq'/dphi'| - log |dq/dphi| (phi_j = log(q_j - lower_j) where ``log[j]``,
+    q_j otherwise: :class:`Coordinates`)."""
+    P, d = q.size, chol.shape[0]
+    z = np.empty(d)
+    log_jac = 0.0
+    for j in range(P):
+        if log[j]:
+            z[j] = np.log(q[j] - lower[j])
+            log_jac -= z[j]
+        else:
+            z[j] = q[j]
+    for j in range(P, d):
+        z[j] = x0[j - P]
+    zp = np.empty(d)
+    for i in range(d):
+        s = 0.0
+        for k in range(d):
+            s += chol[i, k] * e[k]
+        zp[i] = z[i] + scale * s
+    qp = np.empty(P)
+    for j in range(P):
+        if log[j]:
+            qp[j] = lower[j] + np.exp(zp[j])
+            log_jac += zp[j]
+        else:
+            qp[j] = zp[j]
+    return zp, qp, log_jac
 
 
 def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
@@ -123,33 +155,31 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
     """One joint move of (z, the free observed-state values); returns the state, the
     acceptance probability and whether it was accepted."""
     a = target.arrays
-    P = state.q.size  # the coordinates: parameters, then unknown latent initial values
-    obs, latent = a.obs_idx, a.lat_idx.size > 0
+    P, obs = state.q.size, a.obs_idx  # the coordinates: parameters, then unknown latent initial values
     if state.conditional is None:
         state = replace(state, conditional=_conditional_at(target, state))
     cur = state.conditional
-    z = block_vector(state, params, target)
-    zp = z + params.scale * (params.chol @ rng.standard_normal(z.size))
-    normals = rng.standard_normal(cur.mean.size)
+    d = params.chol.shape[0]
+    normals = rng.standard_normal(d + cur.mean.size)  # the move of z, then the draw of the states
     log_u = np.log(rng.uniform())
-    qp = params.coords.backward(zp[:P])
+    zp, qp, log_jac = _proposal(state.q, state.X[0, obs], params.coords.lower, params.coords.log, params.chol,
+                                params.scale, normals)
     Xp = state.X.copy()
-    if latent:
+    if a.lat_idx.size:
         Xp[0, obs] = zp[P:]
     lp_par, theta_p, lat = target.parameter_part(qp, Xp)
     if not np.isfinite(lp_par):  # outside the prior, or a failed solve
         return state, 0.0, False
-    if latent:
+    if lat is not None:
         Xp[:, a.lat_idx] = lat
     try:
-        new = conditional_gaussian(target, theta_p, _linearisation_point(target, zp[P:], lat))
+        new = conditional_gaussian(target, theta_p, _linearisation_point(target, Xp))
     except np.linalg.LinAlgError:
         return state, 0.0, False
-    log_q_new = new.draw_into(Xp, obs, normals)
-    stats = target.statistics(theta_p, Xp)
-    lp = lp_par + target.state_part(Xp, stats)
-    log_r = (lp - state.logp + cur.logpdf_at(state.X, obs) - log_q_new
-             + params.coords.log_jacobian(zp[:P]) - params.coords.log_jacobian(z[:P]))
+    log_q_new = new.draw_into(Xp, obs, normals[d:])
+    stats, lp_states = target.state_terms(theta_p, Xp)
+    lp = lp_par + lp_states
+    log_r = lp - state.logp + cur.logpdf_at(state.X, obs) - log_q_new + log_jac
     prob = float(np.exp(min(0.0, log_r))) if np.isfinite(log_r) else 0.0
     if log_u < log_r:
         return ChainState(qp, theta_p, Xp, stats, lp, new, lp_par), prob, True

@@ -100,26 +100,34 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     positive definite."""
     d, a = target.density, target.arrays
     N, M = a.Y.shape
-    obs = a.obs_idx
+    S = d.system.n_states
+    Xbar = np.ascontiguousarray(Xbar, dtype=np.float64)
+    theta = np.asarray(theta, dtype=np.float64)
     F = d.system.rhs_on_grid(d.obs.times, Xbar, theta)
-    J = np.zeros((N, d.system.n_states, d.system.n_states))  # jac_x writes only the nonzero entries
-    d.system.compiled.jacobian_on_grid(d.obs.times, np.ascontiguousarray(Xbar, float), np.asarray(theta, float), J)
-    j = np.ascontiguousarray(J[:, obs][:, :, obs])  # (N, M, M): d f_{obs m} / d x_{obs l}
-    xbar = np.ascontiguousarray(Xbar[:, obs])
+    J = np.zeros((N, S, S))  # jac_x writes only the nonzero entries
+    d.system.compiled.jacobian_on_grid(d.obs.times, Xbar, theta, J)
     i0 = 1 if a.lat_idx.size else 0  # the values at times[0] are the solve's initial values: fixed
-    mean, chol, log_norm = _gaussian(np.ascontiguousarray(F[:, obs]), j, xbar, a.Cinv, a.obs_precision, a.P, a.PDt,
-                                     a.DtPD, a.Dt, a.lin, a.Dmu, i0)
+    mean, chol, log_norm = _gaussian(F, J, Xbar, a.obs_idx, a.Cinv, a.obs_precision, a.P, a.PDt, a.DtPD, a.Dt,
+                                     a.lin, a.Dmu, i0)
     return ConditionalGaussian(free_indices(N, M, bool(i0)), mean, chol, log_norm)
 
 
 @numba.njit(cache=True)
-def _gaussian(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu, i0):
+def _gaussian(F, J, Xbar, obs_idx, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu, i0):
     """mean (K,), lower Cholesky factor (K, K) of the precision and the normalising constant of
     the Gaussian over the free values (rows i >= i0 of every observed state, state-major), the
-    fixed rows conditioned on (see :func:`_precision_and_linear_term` for the arguments).
-    Raises ``numpy.linalg.LinAlgError`` if the precision is not positive definite."""
-    lam, b = _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu)
+    fixed rows conditioned on: f linearised about Xbar (N, S), where f is F (N, S) and df/dx
+    J (N, S, S); ``obs_idx`` (M,) the observed states' columns (see
+    :func:`_precision_and_linear_term` for the other arguments). Raises
+    ``numpy.linalg.LinAlgError`` if the precision is not positive definite."""
     M, N = Cinv.shape[0], Cinv.shape[1]
+    Fo, xbar, j = np.empty((N, M)), np.empty((N, M)), np.empty((N, M, M))
+    for i in range(N):
+        for m in range(M):
+            Fo[i, m], xbar[i, m] = F[i, obs_idx[m]], Xbar[i, obs_idx[m]]
+            for l in range(M):
+                j[i, m, l] = J[i, obs_idx[m], obs_idx[l]]
+    lam, b = _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, Dt, lin, Dmu)
     n = N - i0
     K = M * n
     A = np.empty((K, K))

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
 
-import numba
 import numpy as np
 import pymc as pm
 import pytensor
@@ -38,7 +37,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
-from ..density import GradientMatchingDensity, ParameterStructure, SweepStatistics, sweep_statistics
+from ..density import GradientMatchingDensity, ParameterStructure, SweepStatistics, state_quadratic, state_terms
 from ..errors import PgpgmError
 from ..solve.numba_op import compiles, track_solves
 from ..solve.op import ODEOp
@@ -183,15 +182,36 @@ class ParameterPart:
                                    mode="FAST_COMPILE", return_updates=True)
         return fn, list(updates)
 
+    @cached_property
+    def _inputs(self) -> tuple[tuple[bool, int], ...]:
+        """Where each input of the compiled function comes from, in its order: (True, j) the
+        j-th coordinate, (False, k) the column of state k (an observed state: its first value
+        starts the latent-state solve)."""
+        st = self.structure
+        states = dict(zip(st.observed, st.system.index_of_states(st.observed)))
+        names = list(self.coordinate_names)
+        return tuple((True, names.index(n)) if n in names else (False, states[n])
+                     for n in (i.variable.name for i in self.function.f.maker.inputs))
+
     def evaluate(self, point: dict[str, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray | None]:
         """The terms' log density, the parameters (P,) and the latent states (N, L; None
         without latent states) at the model point ``point`` (float64 arrays)."""
-        P, Q = self.structure.system.n_parameters, len(self._names)
         with self._lock:
-            out = self.function(point)
-            theta = np.array([float(v) for v in out[1 : P + 1]])
-            lat = np.column_stack(out[Q + 1 :]) if self.structure.latent else None
-            return float(out[0]), theta, lat
+            return self._unpack(self.function(point))
+
+    def evaluate_at(self, q: np.ndarray, X: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """:meth:`evaluate` at coordinates q (Q,) and states X (N, S) (the observed states'
+        columns are read): the compiled function called with its inputs in order, without
+        building a model point - the samplers' path, once per proposal."""
+        args = [np.asarray(q[j], dtype=np.float64) if coordinate else np.ascontiguousarray(X[:, j], dtype=np.float64)
+                for coordinate, j in self._inputs]
+        with self._lock:
+            return self._unpack(self.function.f(*args))
+
+    def _unpack(self, out) -> tuple[float, np.ndarray, np.ndarray | None]:
+        P, Q = self.structure.system.n_parameters, len(self._names)
+        theta = np.array(out[1 : P + 1], dtype=np.float64)
+        return float(out[0]), theta, (np.column_stack(out[Q + 1 :]) if self.structure.latent else None)
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         """A prior draw of the coordinates (Q,): the numbers of ``pm.draw(variables,
@@ -333,13 +353,8 @@ class GradientMatchingTarget:
         values ``X[0]`` (N, S; only row 0 is read). ``parameter_part(q, X)[0] +
         state_part(X, stats)`` equals ``evaluate(q, X)[0]``."""
         self.n_logp_evals += 1
-        latent = self.arrays.lat_idx.size > 0
-        if latent:
-            point = self.point(q, X)
-        else:  # no solve: the parameters alone
-            point = {n: np.asarray(v, dtype=np.float64) for n, v in zip(self.coordinate_names, q)}
-        lp, theta, lat = self.parameters.evaluate(point)
-        if latent and not np.all(np.isfinite(lat)):
+        lp, theta, lat = self.parameters.evaluate_at(q, X)
+        if lat is not None and not np.isfinite(lat).all():
             return -np.inf, theta, lat
         return lp, theta, lat
 
@@ -347,17 +362,22 @@ class GradientMatchingTarget:
         """The density's terms in the states: GP prior, likelihood and gradient matching,
         from the maintained vectors ``stats`` (:meth:`statistics`) at states X (N, S), in O(N M)."""
         a = self.arrays
-        return _state_quadratic(X, a.obs_idx, a.mu, a.obs_precision, a.Y, stats.w, stats.r, stats.z) \
+        return state_quadratic(X, a.obs_idx, a.mu, a.obs_precision, a.Y, stats.w, stats.r, stats.z) \
             + self.log_normaliser
 
     def statistics(self, theta, X) -> SweepStatistics:
         """:meth:`pgpgm.density.GradientMatchingDensity.statistics` at parameters ``theta``
         (P,) and states X (N, S), from the stacked matrices of :attr:`arrays`."""
+        return self.state_terms(theta, X)[0]
+
+    def state_terms(self, theta, X) -> tuple[SweepStatistics, float]:
+        """:meth:`statistics` and :meth:`state_part` at parameters ``theta`` (P,) and states
+        X (N, S): f on the grid, then one compiled call."""
         a = self.arrays
         F = self.density.system.rhs_on_grid(self.density.obs.times, X, theta)
-        w, r, z = sweep_statistics(np.ascontiguousarray(X[:, a.obs_idx]), np.ascontiguousarray(F[:, a.obs_idx]),
-                                   a.mu, a.Cinv, a.D, a.P)
-        return SweepStatistics(F, w, r, z)
+        w, r, z, quadratic = state_terms(np.ascontiguousarray(X, dtype=np.float64), F, a.obs_idx, a.mu, a.Cinv, a.D,
+                                          a.P, a.obs_precision, a.Y)
+        return SweepStatistics(F, w, r, z), quadratic + self.log_normaliser
 
     def lower_bounds(self) -> np.ndarray:
         """(Q,) the lower end of each coordinate's support (-inf when unbounded below), read
@@ -432,17 +452,3 @@ def _refuse_state_terms(density: GradientMatchingDensity, model: pm.Model) -> No
     if bad:
         raise PgpgmError(f"the model has terms {bad} on the observed states, which the element-wise sampler "
                          "does not track; sample such a model with pm.sample (NUTS)")
-
-
-@numba.njit(cache=True)
-def _state_quadratic(X, obs_idx, mu, obs_precision, Y, w, r, z):
-    """-1/2 [sum (x - mu) w + sum obs_precision (y - x)^2 + sum r z] over the observed states
-    (M,) of X (N, S): the state part of the log density without its constant."""
-    N, M = Y.shape
-    q = 0.0
-    for m in range(M):
-        k = obs_idx[m]
-        for i in range(N):
-            x = X[i, k]
-            q += (x - mu[m]) * w[m, i] + obs_precision[m, i] * (Y[i, m] - x) ** 2 + r[m, i] * z[m, i]
-    return -0.5 * q
