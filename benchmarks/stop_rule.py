@@ -9,7 +9,9 @@ variant is safe on these data when it reaches the best optimum wherever the defa
 Variants (``--variants``, comma-separated): ``default``; ``every100`` (checks at 100, 200, ...:
 the rule before 2026-11-24); ``moves2`` (two block moves per iteration instead of four);
 ``boundstop`` (an optimum on a prior bound stops the chains like any other: the rule before
-2026-11-24); ``fullbudget`` (``stop="never"``, the published 3500 iterations).
+2026-11-24); ``boundevery`` (chains held at a prior bound refined at every check, not at growing
+intervals: the rule before 2026-11-24 session 15); ``fullbudget`` (``stop="never"``, the
+published 3500 iterations).
 
     python benchmarks/stop_rule.py                                   # default vs every100, seeds 0-9
     python benchmarks/stop_rule.py --variants default,boundstop --cases lv-x2,lv-x1-ln,lv-x2-ln --seeds 5
@@ -48,7 +50,7 @@ def _variant(name: str) -> tuple[dict, dict]:
     """(stop rule settings, extra fit arguments) of a variant."""
     return {"default": ({}, {}), "every100": ({"check_every": 100}, {}),
             "moves2": ({}, {"scheme": pgpgm.Block(n_moves=2)}), "boundstop": ({"bound_patience": 1}, {}),
-            "fullbudget": ({}, {"stop": "never"})}[name]
+            "boundevery": ({"bound_growth": 0.0}, {}), "fullbudget": ({}, {"stop": "never"})}[name]
 
 
 def main() -> None:

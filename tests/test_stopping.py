@@ -186,15 +186,13 @@ def test_an_optimum_on_a_prior_bound_does_not_stop_the_chains(lv):
     data, c, _ = _case(lv, "x1-observed")
     theta_true = np.asarray(data.attrs["theta"], float)
     x0 = np.array(c.x0, float)
-    cps = [Checkpoint(k, 100, 50, theta_true * (1 + 0.02 * k), x0) for k in range(2)]
-
-    def decisions(priors, **kw):
+    def decisions(priors, iterations=(100, 150, 200), **kw):
         density = gradient_matching_density(lv.system, data, c.observed, kernel=c.kernel, gamma=c.gamma,
                                             priors=priors)
         rule = RefinedAgreement(density, density.integrator, density.priors.bounds, **kw)
         out, prev = [], None
-        for _ in range(3):
-            prev = rule.decide(cps, prev)
+        for it in iterations:
+            prev = rule.decide([Checkpoint(k, it, it // 2, theta_true * (1 + 0.02 * k), x0) for k in range(2)], prev)
             out.append(prev)
         return out
 
@@ -203,11 +201,16 @@ def test_an_optimum_on_a_prior_bound_does_not_stop_the_chains(lv):
     assert [d.stop for d in wide[:2]] == [False, True] and "bound" not in wide[1].reason
     # theta1's prior (0, 1.5) cuts it off: every refinement ends on the bound, and the chains go on
     cut = dict(lv.priors("x1-observed"), theta1=(0.0, 1.5))
-    held = decisions(cut)
+    held = decisions(cut, iterations=(100, 150, 200, 250, 300, 350, 400))
     for d in held:
         assert max(d.nll) - min(d.nll) < 0.01 and all(abs(t[0] - 1.5) < 1e-6 for t in d.theta)
-        assert not d.stop and "theta1 at its upper bound 1.5" in d.reason and "whole budget" in d.reason
-    assert [d.settled for d in held] == [0, 1, 2]
+        assert not d.stop and d.at_bound == ("theta1 at its upper bound 1.5",)
+        assert "theta1 at its upper bound 1.5" in d.reason
+    # refined at growing intervals while held there (half as long again: 100, 150, 250, 400)
+    assert [d.refined_at for d in held] == [100, 150, 150, 250, 250, 250, 400]
+    assert all("whole budget" in d.reason for d in held if d.refined_at == d.iteration)
+    assert all("refined again at 250 iterations" in d.reason for d in held[2:3])
+    assert [d.settled for d in held] == [0, 1, 1, 2, 2, 2, 3]
     assert min(held[0].nll) > min(wide[0].nll) + 1  # the bound costs likelihood: a worse optimum
     # a finite bound_patience lets such an optimum stop the chains after that many settled checks
     assert [d.stop for d in decisions(cut, bound_patience=2)] == [False, False, True]

@@ -16,14 +16,15 @@ does not stop the chains early by default: chains started apart can sit together
 against the box for thousands of iterations before they find the data's optimum
 (Lotka-Volterra, x2 observed, data and sampler seed 4: both chains' means refined to a
 bound, 38 nats above the optimum, at every check up to 2600 iterations, and to the optimum
-from 2700 on), and no check tells such a mode from an optimum that really lies on the box.
+from 2700 on), and no check tells such a mode from an optimum that really lies on the box;
+while the best lies there the means are refined at growing intervals, not at every check.
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -61,7 +62,10 @@ class Decision:
     reason : why (or why not), in words; nll : (chains,) the refined negative log
     likelihood from each chain's mean (empty for rules that do not refine); theta :
     (chains, P) the refined parameters; settled : checks for which the best ``nll`` has
-    not dropped.
+    not dropped; refined_at : the iteration whose chain means ``nll`` and ``theta`` were
+    refined from (this check's, or an earlier one's when this check did not refine; None
+    for rules that do not refine); at_bound : the prior bounds the best refined optimum
+    lies on, in words (e.g. ``"theta1 at its upper bound 10"``).
     """
 
     iteration: int
@@ -70,10 +74,13 @@ class Decision:
     nll: tuple[float, ...] = ()
     theta: tuple[tuple[float, ...], ...] = ()
     settled: int = 0
+    refined_at: int | None = None
+    at_bound: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
-                "theta": [list(t) for t in self.theta], "settled": self.settled}
+                "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
+                "at_bound": list(self.at_bound)}
 
 
 class StopRule(Protocol):
@@ -106,7 +113,13 @@ class RefinedAgreement:
     patience : checks the best must stay settled while the chains disagree
     bound_patience : checks the best must stay settled when it lies on a bound of a Uniform
         prior (:func:`pgpgm.bounds.bound_report`), whether the chains agree or not; None
-        (default): such an optimum never stops the chains early (they run the whole budget)
+        (default): such an optimum never stops the chains early (they run the whole budget
+        unless it leaves the bound), and while it lies there the chains' means are refined
+        at growing intervals (``bound_growth``), not at every check
+    bound_growth : while the best lies on a bound (and ``bound_patience`` is None), the chains
+        are refined again at the first check once they have run ``1 + bound_growth`` times as
+        long as at the last refinement (default 0.5: at 150 iterations, then 250, 400, 600,
+        900, ...); 0 refines at every check
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
     earliest - follow the published cases: every chain's mean refined to the global optimum
@@ -127,15 +140,16 @@ class RefinedAgreement:
     min_iterations: int = 100
     patience: int = 2
     bound_patience: int | None = None
+    bound_growth: float = 0.5
     name: ClassVar[str] = "agree"
 
     def __post_init__(self):
         counts = (self.check_every, self.min_iterations, self.patience) + (
             () if self.bound_patience is None else (self.bound_patience,))
-        if not (self.tol > 0 and all(int(v) == v >= 1 for v in counts)):
-            raise DataError(f"tol > 0 and positive whole check_every, min_iterations, patience, bound_patience are "
-                            f"required, got {self.tol}, {self.check_every}, {self.min_iterations}, {self.patience}, "
-                            f"{self.bound_patience}")
+        if not (self.tol > 0 and self.bound_growth >= 0 and all(int(v) == v >= 1 for v in counts)):
+            raise DataError(f"tol > 0, bound_growth >= 0 and positive whole check_every, min_iterations, patience, "
+                            f"bound_patience are required, got {self.tol}, {self.bound_growth}, {self.check_every}, "
+                            f"{self.min_iterations}, {self.patience}, {self.bound_patience}")
 
     def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
         """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the
@@ -145,8 +159,22 @@ class RefinedAgreement:
         return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, np.asarray(x0, float),
                                    free_x0=free)
 
+    def next_refinement(self, refined_at: int) -> int:
+        """The first check at which chains held at a prior bound are refined again after a
+        refinement at ``refined_at``: the first on the check grid once they have run half as
+        long again."""
+        due = refined_at + max(self.check_every, int(np.ceil(self.bound_growth * refined_at)))
+        return self.min_iterations + -(-(due - self.min_iterations) // self.check_every) * self.check_every
+
     def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
         it = checkpoints[0].iteration
+        if (self.bound_patience is None and previous is not None and previous.at_bound
+                and it < self.next_refinement(previous.refined_at)):
+            # held at a bound, which never stops the chains: look again once they have run longer
+            return replace(previous, iteration=it, stop=False, reason=(
+                f"not refined here: the best refined optimum (negative log likelihood {min(previous.nll):.6g}, "
+                f"at {previous.refined_at} iterations) lies on a prior bound ({'; '.join(previous.at_bound)}); "
+                f"the chains go on and are refined again at {self.next_refinement(previous.refined_at)} iterations"))
         problems = [self.problem(c.x0) for c in checkpoints]
         refs = [refine(pr, np.concatenate([c.theta, pr.x0[list(pr.free_x0)]]), self.bounds,
                        estimate_noise=self.estimate_noise, warn=False) for pr, c in zip(problems, checkpoints)]
@@ -176,7 +204,7 @@ class RefinedAgreement:
             reason = (f"the best refined negative log likelihood {best:.6g} is "
                       + ("the first" if previous is None else "new" if settled == 0 else "unchanged")
                       + f" ({'chains agree' if agree else 'chains differ: ' + _fmt(nll)})")
-        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled)
+        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound))
 
 
 def _fmt(values) -> str:
