@@ -68,8 +68,10 @@ def fit(
     Runs the method's three steps (README, "How it works") - GP fit per observed state, ``tune + draws``
     Metropolis-within-Gibbs iterations per chain on the gradient-matching density
     (chains start apart, see ``init`` of :func:`pgpgm.sample`), least-squares refinement
-    from the pooled posterior mean and from each chain's mean, keeping the lowest cost
-    (bounded by the uniform prior bounds when priors are given as bounds) - and a fourth:
+    from the pooled posterior mean and from each chain's mean (or, when ``stop="agree"`` stopped
+    the chains, from the best optimum the last check refined them to: the same refinements),
+    keeping the lowest cost (bounded by the uniform prior bounds when priors are given as bounds;
+    ``result.estimates["nll_per_start"]`` names the starts) - and a fourth:
     the posterior of the ODE model itself (:mod:`pgpgm.posterior`), started at the
     refined optimum.
 
@@ -205,7 +207,8 @@ def fit(
                                         priors=priors, noise_sd=gm.noise_sd, gp_fits=gps, solver=gm_integrator,
                                         seed=seed, grid=grid)
     t1 = time.perf_counter()
-    if isinstance(stop, str) and stop == "agree":
+    own_rule = isinstance(stop, str) and stop == "agree"  # its checks refine step 3's problem
+    if own_rule:
         stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=refine_x0,
                                 estimate_noise=gm.noise_sd is None)
     # step 2 in this process (cores=1): worker processes would each compile the model again
@@ -236,12 +239,18 @@ def fit(
                                   free_x0=free_x0)
     # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
     # free initial values, as the stop checks refine them); keep the best
-    starts = [np.concatenate([theta_s, x0_full[list(free_x0)]])] + (
-        [np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
-                         start_x0({"chain": c})[list(free_x0)]])
-         for c in post.chain.values] if post.sizes["chain"] > 1 else [])
+    starts = {"pooled mean": np.concatenate([theta_s, x0_full[list(free_x0)]])}
+    last = stopping["checks"][-1] if stopping["stopped"] and stopping["checks"] else None
+    if own_rule and last is not None and gm.system is system and not on_log_for_matching:
+        # the chains stopped at a check whose windows are the kept draws: that check refined every
+        # chain's mean already (this problem, these bounds); go on from the best of its optima
+        starts["last check's best optimum"] = np.array(last["q"][int(np.argmin(last["nll"]))])
+    elif post.sizes["chain"] > 1:
+        starts |= {f"chain {c} mean": np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
+                                                     start_x0({"chain": c})[list(free_x0)]])
+                   for c in post.chain.values}
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
-    refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts]
+    refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts.values()]
     usable = [r for r in refinements if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
@@ -315,7 +324,7 @@ def fit(
          "x0_stderr": (("state",), _x0_stderr(ref, system.states)),
          "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
          "nll_per_start": (("start",), [r.nll for r in refinements])},
-        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters),
+        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters), "start": list(starts),
                 "state": list(system.states),
                 "parameter_": list(full.parameters)},
         attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),

@@ -110,6 +110,8 @@ def test_fit_returns_a_converged_nuts_posterior_and_both_diagnostics(lv):
     assert post["x2"].dims == ("chain", "draw", "time_dense")  # latent states on the dense grid
     assert "diverging" in r.posterior.sample_stats
     assert r.gradient_matching.posterior["theta1"].shape == (2, 300)
+    # the whole budget ran: step 3 refines from the pooled mean and from each chain's mean
+    assert list(r.estimates["nll_per_start"].start.values) == ["pooled mean", "chain 0 mean", "chain 1 mean"]
     assert set(r.diagnostics["sampler"].values) == {"gradient_matching", "posterior"}
     # the table's posterior columns are the posterior's own numbers
     tab = r.parameter_table()

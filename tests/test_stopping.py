@@ -156,6 +156,11 @@ def _check_stopped_at_optimum(r, best, budget):
         max(a["sampling_iterations"]) // 2, 1500)
     assert abs(a["refinement_nll"] - best.nll) < 1e-6
     np.testing.assert_allclose(r.theta, best.theta, rtol=1e-4)
+    # step 3 goes on from the last check's best optimum (the check refined every chain's mean already)
+    assert list(r.estimates["nll_per_start"].start.values) == ["pooled mean", "last check's best optimum"]
+    last = s["checks"][-1]
+    assert a["refinement_nll"] <= min(last["nll"]) + 1e-9
+    np.testing.assert_allclose(last["q"][int(np.argmin(last["nll"]))][: len(r.theta)], best.theta, rtol=1e-4)
 
 
 def test_early_stopping_reaches_the_multistart_optimum_on_lotka_volterra(lv):
@@ -177,7 +182,10 @@ def test_early_stopping_gives_the_full_budgets_optimum(name, case, starts):
     assert full.estimates.attrs["sampling_stopped"] == 0
     assert full.gradient_matching.posterior.sizes["draw"] == 2000
     assert abs(full.estimates.attrs["refinement_nll"] - best.nll) < 1e-6
-    np.testing.assert_allclose(early.theta, full.theta, rtol=1e-5)
+    # the same optimum, to the least-squares solver's tolerance (from the last check's optimum step 3
+    # converges in a few steps: a few 1e-5 apart on FitzHugh-Nagumo's a and b)
+    assert abs(early.estimates.attrs["refinement_nll"] - full.estimates.attrs["refinement_nll"]) < 1e-6
+    np.testing.assert_allclose(early.theta, full.theta, rtol=1e-4)
     assert early.n_ode_solves["sampling"] < full.n_ode_solves["sampling"] / 2
 
 

@@ -65,7 +65,9 @@ class Decision:
     not dropped; refined_at : the iteration whose chain means ``nll`` and ``theta`` were
     refined from (this check's, or an earlier one's when this check did not refine; None
     for rules that do not refine); at_bound : the prior bounds the best refined optimum
-    lies on, in words (e.g. ``"theta1 at its upper bound 10"``).
+    lies on, in words (e.g. ``"theta1 at its upper bound 10"``); q : (chains, Q) every
+    refined unknown (the parameters, then the free initial values of
+    :meth:`RefinedAgreement.problem`), from which step 3 goes on.
     """
 
     iteration: int
@@ -76,11 +78,12 @@ class Decision:
     settled: int = 0
     refined_at: int | None = None
     at_bound: tuple[str, ...] = ()
+    q: tuple[tuple[float, ...], ...] = ()
 
     def as_dict(self) -> dict:
         return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
                 "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
-                "at_bound": list(self.at_bound)}
+                "at_bound": list(self.at_bound), "q": [list(v) for v in self.q]}
 
 
 class StopRule(Protocol):
@@ -204,7 +207,8 @@ class RefinedAgreement:
             reason = (f"the best refined negative log likelihood {best:.6g} is "
                       + ("the first" if previous is None else "new" if settled == 0 else "unchanged")
                       + f" ({'chains agree' if agree else 'chains differ: ' + _fmt(nll)})")
-        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound))
+        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
+                        tuple(tuple(float(v) for v in r.q) for r in refs))
 
 
 def _fmt(values) -> str:
