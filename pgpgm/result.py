@@ -30,7 +30,9 @@ class FitResult:
         default), its Laplace approximation, or the gradient-matching chains when the fit
         ran without step 4 (``fit(posterior=None)``)
     estimates : xarray.Dataset, ``x0`` (state) refined initial values, ``nll_per_start``
-        (start) negative log likelihood of each refinement start, ``theta`` (estimate, parameter) for ``sampled``
+        (start: ``"pooled mean"``, then ``"chain <c> mean"`` for each chain, or ``"last check's
+        best optimum"`` when step 2 stopped early) negative log likelihood of each refinement
+        start, ``theta`` (estimate, parameter) for ``sampled``
         (gradient-matching posterior mean), ``refined`` and, with step 4, ``posterior``
         (its mean); ``stderr`` (parameter) of the refined estimate; ``truth`` (parameter)
         when known
