@@ -159,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_ROLE = {"gradient_matching": " (step 2's chains: they look for the basin and stop once their refined means agree, "
+                              "so their R-hat and ESS are reported, not required to pass)"}
+
+
 def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None:
     import matplotlib
 
@@ -170,7 +174,7 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     table.to_csv(out / "parameters.csv")
     result.save(out / "result.nc")
     diag = result.diagnostics.to_dataframe().round(4) if result.diagnostics is not None else None
-    checks = [f"- {k}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
+    checks = [f"- {k}{_ROLE.get(k, '')}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
               for k, v in result.convergence_problems().items()]
     bounds = [f"- {m}" for m in result.at_bounds.values()]
     lines = [f"# {title}", "", _table(table), "", *(["## At a prior bound", "", *bounds, ""] if bounds else []),

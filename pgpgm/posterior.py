@@ -18,6 +18,7 @@ matrix), chains in parallel processes.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -286,7 +287,9 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
             d = du[idx]
             full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
             if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
-                return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
+                with warnings.catch_warnings():  # PyMC flags the class as experimental; pgpgm chose it (tested)
+                    warnings.filterwarnings("ignore", "QuadPotentialFullAdapt is an experimental feature", UserWarning)
+                    return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
     return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
 

@@ -86,7 +86,7 @@ def test_cli_run_writes_outputs(tmp_path, capsys):
     tab = pd.read_csv(out / "parameters.csv", index_col=0)
     assert list(tab["true"]) == [2.0, 1.0, 4.0, 1.0]
     summary = (out / "summary.md").read_text()
-    assert "## Convergence" in summary and "- posterior: " in summary and "- gradient_matching: " in summary
+    assert "## Convergence" in summary and "- posterior: " in summary and "- gradient_matching (step 2's chains" in summary
 
 
 def test_cli_run_reports_the_local_minimum_example(tmp_path):
