@@ -20,7 +20,10 @@ the speed-up any scheduler of whole fits could reach on this machine, and the fi
 two run side by side.
 
 Overhead of the cluster: start-up and shutdown of a LocalCluster with no work, and the
-wall time per trivial task (n no-op tasks through the scheduler).
+wall time per trivial task (n no-op tasks through the scheduler). A cold cluster's fixed
+costs, measured apart: the workers importing pgpgm (all at once), the shutdown of workers that
+hold it, and with the warm-up fits above the wall time they predict for the cold cluster
+(fixed costs + warm workers' wall) and the speed-up they allow.
 
     python benchmarks/batch.py                # 32 fits, 2 workers (the issue's target: >= 1.7x)
     python benchmarks/batch.py --n 6          # a quick check
@@ -45,6 +48,10 @@ from _common import RESULTS  # noqa: E402
 
 def _noop(i: int) -> int:
     return i
+
+
+def _import_pgpgm() -> None:
+    import pgpgm.batch  # noqa: F401
 
 
 def _jobs(n: int, draws: int, tune: int, posterior: str):
@@ -184,6 +191,17 @@ def main(argv=None) -> int:
         t_tasks = time.perf_counter() - t
         t = time.perf_counter()
     t_down = time.perf_counter() - t
+    # a cold worker's fixed costs, measured apart: importing pgpgm (what a worker does when the
+    # first job arrives; all workers at once) and the shutdown of workers that hold pgpgm (an
+    # interpreter holding pymc, arviz and sympy takes ~0.8 s to tear down)
+    t = time.perf_counter()
+    with distributed.LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        t = time.perf_counter()
+        c.run(_import_pgpgm)
+        t_import = time.perf_counter() - t
+        t = time.perf_counter()
+    t_down_loaded = time.perf_counter() - t
     load_after = os.getloadavg()
     fit_seconds = table["seconds"].to_numpy()
     ideal = t_serial / a.workers
@@ -219,6 +237,14 @@ def main(argv=None) -> int:
         ("independent processes: whole CPU time (imports, fits, saves), per fit (s)", cpu_indep / a.n),
         ("fit_many's wall / independent processes' wall", t_cluster / t_indep),
         ("LocalCluster start-up (s)", t_up), ("LocalCluster shutdown (s)", t_down),
+        ("workers importing pgpgm, all at once (s)", t_import),
+        ("LocalCluster shutdown, workers holding pgpgm (s)", t_down_loaded),
+        ("cold cluster's fixed costs: start-up + workers' import and first short fit (warm-up) + shutdown (s)",
+         t_up_warm + t_warm_workers + t_down_loaded),
+        ("cold cluster predicted from them: fixed costs + warm workers' wall (s)",
+         t_up_warm + t_warm_workers + t_down_loaded + t_steady),
+        ("speed-up at most, with these fixed costs (serial wall / predicted cold wall)",
+         t_serial / (t_up_warm + t_warm_workers + t_down_loaded + t_steady)),
         (f"trivial task through the scheduler, per task ({a.n} tasks) (ms)", 1000 * t_tasks / a.n),
         ("estimates equal to serial (both clusters, independent processes)", same),
     ]
