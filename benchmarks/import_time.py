@@ -2,8 +2,10 @@
 fit): CPU and wall seconds, and whether matplotlib / arviz-plots were imported, in new Python
 processes; with ``--before SRC`` (a folder holding another ``pgpgm`` package, e.g. ``git archive
 main pgpgm | tar -x -C SRC``) alternated with that tree, one process each per round.
+``--statement`` times another statement (default ``import pgpgm, pgpgm.batch``, a worker's cost;
+``"import pgpgm"`` is what a notebook or ``pgpgm --help`` pays before any work).
 
-    python benchmarks/import_time.py --rounds 6 [--before /tmp/main_src]
+    python benchmarks/import_time.py --rounds 6 [--before /tmp/main_src] [--statement "import pgpgm"]
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHILD = ("import sys, time, json; t, c = time.perf_counter(), time.process_time(); import pgpgm, pgpgm.batch; "
+CHILD = ("import sys, time, json; t, c = time.perf_counter(), time.process_time(); {statement}; import pgpgm; "
          "print(json.dumps({'cpu': time.process_time() - c, 'wall': time.perf_counter() - t, "
          "'file': pgpgm.__file__, 'plotting': [m for m in ('matplotlib', 'arviz_plots') if m in sys.modules]}))")
 
 
-def one(src: Path) -> dict:
+def one(src: Path, statement: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, cwd="/",
+    out = subprocess.run([sys.executable, "-c", CHILD.replace("{statement}", statement)], capture_output=True,
+                         text=True, env=env, cwd="/",
                          check=True, timeout=300)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(row["file"]).resolve().is_relative_to(src.resolve()), (row["file"], src)
@@ -34,6 +37,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--before", type=Path, help="a folder holding the pgpgm package to compare with")
+    ap.add_argument("--statement", default="import pgpgm, pgpgm.batch", help="the Python statement to time")
     a = ap.parse_args(argv)
     trees = {"this tree": Path(__file__).resolve().parent.parent}
     if a.before:
@@ -41,8 +45,8 @@ def main(argv=None) -> int:
     rows: dict[str, list[dict]] = {k: [] for k in trees}
     for _ in range(a.rounds):
         for label, src in trees.items():
-            rows[label].append(one(src))
-    print(f"load average {os.getloadavg()[0]:.2f}; {a.rounds} fresh processes per tree, alternated")
+            rows[label].append(one(src, a.statement))
+    print(f"`{a.statement}`: load average {os.getloadavg()[0]:.2f}; {a.rounds} fresh processes per tree, alternated")
     print("| tree | CPU s (each) | median CPU s | median wall s | imports matplotlib / arviz-plots |")
     print("|---|---|---|---|---|")
     for label, rs in rows.items():

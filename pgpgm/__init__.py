@@ -2,82 +2,40 @@
 
 The pipeline, in the order of the package layout: ``ode`` (model definition) ->
 ``solve`` (ODE solvers, the PyTensor Op) -> ``gp`` (step 1) -> ``density`` (step 2a) ->
-``sampling`` (step 2b) -> ``refine`` (step 3) -> ``pipeline`` (:func:`fit`) -> ``result``.
+``sampling`` (step 2b) -> ``refine`` (step 3) -> ``posterior`` (step 4) -> ``pipeline``
+(:func:`fit`) -> ``result``; ``batch`` runs many fits on dask.
+
+The public API below is loaded on first use (SPEC 1, ``lazy_loader``): ``import pgpgm`` and
+``pgpgm --help`` do not import PyMC, ArviZ and SymPy (~3 s); the first ``pgpgm.fit`` (or any
+name below) does. Set ``EAGER_IMPORT=1`` to import everything at ``import pgpgm``.
 """
 
-from .batch import FitJob, fit_many, jobs_from_folder, jobs_from_tidy_csv, product_jobs
-from .data import Observations
-from .density import GradientMatchingDensity, build_model, gradient_matching_density
-from .errors import (BackendWarning, BoundWarning, ConvergenceWarning, DataError, IdentifiabilityWarning,
-                     ModelDefinitionError, ODESolveError, PgpgmError, ResultFileError, SamplingError)
-from .ode.spec import Experiment, ModelSpec, available_models, load_model
-from .ode.system import ODESystem
-from .ode.transform import LogScale, log_transform
-from . import datasets
-from .pipeline import fit
-from .posterior import build_ode_model, sample_posterior
-from .priors import Priors
-from .refine import LeastSquaresProblem, Refinement, refine
-from .result import FitResult, load_result
-from .sampling import GradientMatchingStep, GradientMatchingTarget, sample
-from .sampling.schemes import Block, Elementwise
-from .sensitivity import sensitivity_index
-from .simulate import simulate
-from .solve import CVODE, LSODA, Integrator, SksundaeCVODE, Solver, available_solvers, default_solver
-from .solve.op import ODEOp
-from .versions import show_versions
+import lazy_loader as _lazy
 
-__all__ = [
-    "Block",
-    "Elementwise",
-    "BackendWarning",
-    "BoundWarning",
-    "ConvergenceWarning",
-    "IdentifiabilityWarning",
-    "ResultFileError",
-    "CVODE",
-    "LSODA",
-    "DataError",
-    "Experiment",
-    "FitJob",
-    "FitResult",
-    "GradientMatchingDensity",
-    "GradientMatchingStep",
-    "GradientMatchingTarget",
-    "Integrator",
-    "LeastSquaresProblem",
-    "LogScale",
-    "ModelDefinitionError",
-    "ModelSpec",
-    "ODEOp",
-    "ODESolveError",
-    "ODESystem",
-    "Observations",
-    "PgpgmError",
-    "Priors",
-    "Refinement",
-    "SamplingError",
-    "SksundaeCVODE",
-    "Solver",
-    "available_models",
-    "available_solvers",
-    "build_model",
-    "build_ode_model",
-    "default_solver",
-    "fit",
-    "fit_many",
-    "gradient_matching_density",
-    "jobs_from_folder",
-    "jobs_from_tidy_csv",
-    "load_model",
-    "log_transform",
-    "datasets",
-    "load_result",
-    "product_jobs",
-    "refine",
-    "sample",
-    "sample_posterior",
-    "sensitivity_index",
-    "show_versions",
-    "simulate",
-]
+__getattr__, __dir__, __all__ = _lazy.attach(
+    __name__,
+    submodules=["batch", "data", "datasets", "density", "diagnostics", "errors", "gp", "ode", "pipeline",
+                "posterior", "priors", "result", "sampling", "sensitivity", "solve"],
+    submod_attrs={
+        "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
+        "data": ["Observations"],
+        "density": ["GradientMatchingDensity", "build_model", "gradient_matching_density"],
+        "errors": ["BackendWarning", "BoundWarning", "ConvergenceWarning", "DataError", "IdentifiabilityWarning",
+                   "ModelDefinitionError", "ODESolveError", "PgpgmError", "ResultFileError", "SamplingError"],
+        "ode.spec": ["Experiment", "ModelSpec", "available_models", "load_model"],
+        "ode.system": ["ODESystem"],
+        "ode.transform": ["LogScale", "log_transform"],
+        "pipeline": ["fit"],
+        "posterior": ["build_ode_model", "sample_posterior"],
+        "priors": ["Priors"],
+        "refine": ["LeastSquaresProblem", "Refinement", "refine"],
+        "result": ["FitResult", "load_result"],
+        "sampling": ["GradientMatchingStep", "GradientMatchingTarget", "sample"],
+        "sampling.schemes": ["Block", "Elementwise"],
+        "sensitivity": ["sensitivity_index"],
+        "simulate": ["simulate"],
+        "solve": ["CVODE", "LSODA", "Integrator", "SksundaeCVODE", "Solver", "available_solvers", "default_solver"],
+        "solve.op": ["ODEOp"],
+        "versions": ["show_versions"],
+    },
+)

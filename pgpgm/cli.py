@@ -504,7 +504,7 @@ def _info(a) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code: 0 success, 1 the fit failed, 2 a usage
     or input error. Errors are one line on stderr; ``--debug`` or ``PGPGM_DEBUG=1`` adds the
-    traceback."""
+    traceback. Output cut short by a closed pipe (``pgpgm list | head -1``) ends quietly with 0."""
     import tomllib
 
     from .errors import PgpgmError
@@ -519,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         return _report(exc, EXIT_USAGE, debug)
     except FitFailed as exc:
         return _report(exc, EXIT_FIT_FAILED, debug)
+    except BrokenPipeError:  # the reader went away (`pgpgm list | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyError as exc:  # unknown model or case names
         return _report(exc.args[0] if exc.args else exc, EXIT_USAGE, debug, exc)
     except (PgpgmError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -192,3 +192,15 @@ def test_input_error_through_a_subprocess(files):
     assert proc.stderr == f"pgpgm: error: {data} line 5: the value of state b is missing; every row needs a finite " \
                           "value (remove the row, and that time for every observed state)\n"
     assert "Traceback" in _cli("--debug", *_fit_args(tmp_path, data)).stderr
+
+
+def test_a_reader_that_closes_the_pipe_is_not_an_error():
+    """``pgpgm list | head -1``: before, the closed pipe came out as "pgpgm: error: [Errno 32]
+    Broken pipe" with exit 2; now the command ends quietly with 0. The read end is closed before
+    the subprocess writes (it writes after importing pgpgm's model loader), so its write fails."""
+    proc = subprocess.Popen([sys.executable, "-m", "pgpgm.cli", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, stderr
+    assert stderr == ""
