@@ -141,3 +141,14 @@ def test_integrator_pickles_and_solves_in_another_process(lv):
     back = pickle.loads(pickle.dumps(it))
     np.testing.assert_array_equal(back.solve(c.theta, c.x0), x)
     assert back.solver == it.solver
+
+
+def test_linear_in_the_observed_states():
+    """f affine in the chosen states: Lotka-Volterra's x1' = t1 x1 - t2 x1 x2 is affine in x1 alone and in
+    x2 alone, not in both (x1 x2); FitzHugh-Nagumo's V' has V^3, R enters linearly; a Piecewise
+    (where) in the state counts as not affine."""
+    lv, fhn = pgpgm.load_model("lotka-volterra").system, pgpgm.load_model("fitzhugh-nagumo").system
+    assert lv.linear_in([0]) and lv.linear_in([1]) and not lv.linear_in([0, 1])
+    assert fhn.linear_in([fhn.states.index("R")]) and not fhn.linear_in([fhn.states.index("V")])
+    step = pgpgm.ODESystem.from_equations({"a": "where(b > 1, k, 0)", "b": "a"}, ["k"])
+    assert step.linear_in([0]) and not step.linear_in([1])

@@ -245,6 +245,22 @@ class ODESystem:
             return sp.zeros(self.n_states, 0)
         return sp.Matrix(self.expressions).jacobian(p)
 
+    def linear_in(self, indices: Sequence[int]) -> bool:
+        """Whether f is affine in the states at ``indices`` (positions in the state vector):
+        no df_i/dx_j, j in ``indices``, depends on those states (the block scheme's Gaussian of
+        the observed states is then exact, wherever f is linearised)."""
+        _, x, _ = self._symbols
+        chosen = [x[j] for j in indices]
+        for e in self.expressions:
+            if not e.free_symbols & set(chosen):
+                continue
+            try:  # a polynomial in the chosen states (any coefficients) of degree <= 1
+                if sp.Poly(e, *chosen).total_degree() > 1:
+                    return False
+            except sp.PolynomialError:  # exp(x), x**0.5, a where() (Piecewise) of x, ...
+                return False
+        return True
+
     def index_of_states(self, names: Sequence[str]) -> list[int]:
         """Positions of ``names`` in the state vector; unknown names raise a clear error."""
         if isinstance(names, str):

@@ -8,16 +8,29 @@
    ``times[0]``): z' = z + scale L e with e standard normal, L L^T the proposal
    covariance learned during tuning (:mod:`pgpgm.sampling.adapt`). One ODE solve at z'
    gives the latent states; the remaining observed-state values are drawn afresh from
-   the Gaussian of the observed states given z' (:mod:`pgpgm.sampling.conditional`,
-   f linearised about the GP means), and the pair is accepted with
+   q(X' | z', X), the Gaussian of the observed states given z' (:mod:`pgpgm.sampling.conditional`)
+   with f linearised about the current states X, and the pair is accepted with
 
-       log r = log p(z', X') - log p(z, X) + log q(X | z) - log q(X' | z') + log |dtheta'/dz'| - log |dtheta/dz|.
+       log r = log p(z', X') - log p(z, X) + log q(X | z, X') - log q(X' | z', X) + log |dtheta'/dz'| - log |dtheta/dz|,
 
-   When f is linear in the observed states the Gaussian is exact, the ratio is that of the
-   marginal density of z, and the move is a random walk on the marginal: the states no
-   longer pin the parameters, which is what makes the element-wise scheme mix slowly.
+   q(X | z, X') being the reverse move's Gaussian, linearised about X'.
 
-Every proposal costs one ODE solve (none without latent states).
+   When f is linear in the observed states the Gaussian is exact (and the same about any
+   point), the ratio is that of the marginal density of z, and the move is a random walk on
+   the marginal: the states no longer pin the parameters, which is what makes the
+   element-wise scheme mix slowly. When f is not (Lotka-Volterra or FitzHugh-Nagumo with
+   every state observed), a Gaussian linearised about a fixed point, e.g. the GP means, can
+   be far from the states the parameters imply; the current states X were then so unlikely
+   under it that no move was accepted in 3500 iterations. Linearised about X it follows the
+   chain.
+
+:func:`settle_states` starts a chain's observed states at the Gaussian's mean given the
+starting parameters (instead of the GP means), so that the first moves' reverse densities
+are not negligible.
+
+Every proposal costs one ODE solve (none without latent states) and two Gaussians (one when f
+is affine in the observed states: the current parameters' Gaussian is kept for the reverse
+moves).
 """
 
 from __future__ import annotations
@@ -27,8 +40,8 @@ from dataclasses import dataclass, replace
 import numba
 import numpy as np
 
-from .conditional import ConditionalGaussian, conditional_gaussian
-from .kernel import ChainState, sweep_states
+from .conditional import conditional_gaussian
+from .kernel import ChainState, refresh, sweep_states
 from .target import GradientMatchingTarget
 
 
@@ -73,7 +86,9 @@ class BlockParams:
     state_scale : (N, M) sds of the sweep's single-value proposals (state units);
     chol : (d, d) lower Cholesky factor of the block proposal covariance (already scaled
     by 2.38^2 / d); scale : multiplier of ``chol``; n_moves : block moves per iteration;
-    coords : the parameter coordinates.
+    coords : the parameter coordinates; affine : f is affine in the observed states
+    (:meth:`pgpgm.ODESystem.linear_in`), so the Gaussian at the current parameters serves every
+    reverse move and one Gaussian per move suffices.
     """
 
     state_scale: np.ndarray
@@ -81,6 +96,7 @@ class BlockParams:
     scale: float
     n_moves: int
     coords: Coordinates
+    affine: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,19 +118,38 @@ def block_vector(state: ChainState, params: BlockParams, target: GradientMatchin
     return np.concatenate([phi, state.X[0, target.arrays.obs_idx]])
 
 
-def _linearisation_point(target: GradientMatchingTarget, X: np.ndarray) -> np.ndarray:
-    """X_bar (N, S): the states X (N, S) with the observed states' free values replaced by
-    their GP means (with latent states the values at ``times[0]`` are the solve's initial
-    values and stay)."""
-    a = target.arrays
-    i0 = 1 if a.lat_idx.size else 0
-    Xbar = X.copy()
-    Xbar[i0:, a.obs_idx] = a.gp_mean[i0:]
-    return Xbar
+#: Gauss-Newton iterations of :func:`settle_states` (at most; it stops when the density stops rising)
+SETTLE_ITERATIONS = 10
+#: the step lengths tried along each Gauss-Newton direction, longest first
+SETTLE_STEPS = (1.0, 0.5, 0.25, 0.125)
 
 
-def _conditional_at(target: GradientMatchingTarget, state: ChainState) -> ConditionalGaussian:
-    return conditional_gaussian(target, state.theta, _linearisation_point(target, state.X))
+def settle_states(target: GradientMatchingTarget, state: ChainState,
+                  iterations: int = SETTLE_ITERATIONS) -> ChainState:
+    """A chain's start with its observed states' free values moved toward the mode of their
+    density given the parameters: damped Gauss-Newton from the given states (toward the mean
+    of the Gaussian linearised about them, the longest of :data:`SETTLE_STEPS` that raises the
+    density; at most ``iterations`` times, until no step does).
+
+    Where the parameters are far from the data's, the GP means are far from the states they
+    imply and the block move's reverse density there is negligible: a chain started at them
+    does not move. A start is arbitrary, so the stationary distribution is unchanged. No ODE
+    solve: the parameters, the initial values and so the latent states stay."""
+    obs, best = target.arrays.obs_idx, state
+    for _ in range(iterations):
+        try:
+            g = conditional_gaussian(target, best.theta, best.X)
+        except np.linalg.LinAlgError:
+            break
+        x = g.values(best.X, obs)
+        for step in SETTLE_STEPS:
+            new = refresh(replace(best, X=g.put(best.X, obs, x + step * (g.mean - x))), target)
+            if new.logp > best.logp:  # False when not finite
+                best = new
+                break
+        else:
+            break
+    return best
 
 
 @numba.njit(cache=True)
@@ -153,14 +188,17 @@ def _proposal(q, x0, lower, log, chol, scale, e):
 def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
                target: GradientMatchingTarget) -> tuple[ChainState, float, bool]:
     """One joint move of (z, the free observed-state values); returns the state, the
-    acceptance probability and whether it was accepted."""
+    acceptance probability and whether it was accepted.
+
+    The new states are drawn from the Gaussian at z' linearised about the current states
+    (X's observed values, the latent states of the solve at z'); the reverse move's density
+    is that of the Gaussian at z linearised about the drawn states."""
     a = target.arrays
     P, obs = state.q.size, a.obs_idx  # the coordinates: parameters, then unknown latent initial values
-    if state.conditional is None:
-        state = replace(state, conditional=_conditional_at(target, state))
-    cur = state.conditional
+    i0 = 1 if a.lat_idx.size else 0
     d = params.chol.shape[0]
-    normals = rng.standard_normal(d + cur.mean.size)  # the move of z, then the draw of the states
+    K = (state.X.shape[0] - i0) * obs.size
+    normals = rng.standard_normal(d + K)  # the move of z, then the draw of the states
     log_u = np.log(rng.uniform())
     zp, qp, log_jac = _proposal(state.q, state.X[0, obs], params.coords.lower, params.coords.log, params.chol,
                                 params.scale, normals)
@@ -173,16 +211,25 @@ def block_move(rng: np.random.Generator, state: ChainState, params: BlockParams,
     if lat is not None:
         Xp[:, a.lat_idx] = lat
     try:
-        new = conditional_gaussian(target, theta_p, _linearisation_point(target, Xp))
+        if params.affine and state.conditional is None:
+            state = replace(state, conditional=conditional_gaussian(target, state.theta, state.X))
+        forward = conditional_gaussian(target, theta_p, Xp)  # about the current observed values
+        log_q_new = forward.draw_into(Xp, obs, normals[d:])
+        if params.affine:  # the same Gaussian about any point
+            log_q_back = state.conditional.logpdf_at(state.X, obs)
+        else:
+            back = state.X.copy()
+            back[i0:, obs] = Xp[i0:, obs]
+            log_q_back = conditional_gaussian(target, state.theta, back).logpdf_at(state.X, obs)
     except np.linalg.LinAlgError:
         return state, 0.0, False
-    log_q_new = new.draw_into(Xp, obs, normals[d:])
     stats, lp_states = target.state_terms(theta_p, Xp)
     lp = lp_par + lp_states
-    log_r = lp - state.logp + cur.logpdf_at(state.X, obs) - log_q_new + log_jac
+    log_r = lp - state.logp + log_q_back - log_q_new + log_jac
     prob = float(np.exp(min(0.0, log_r))) if np.isfinite(log_r) else 0.0
     if log_u < log_r:
-        return ChainState(qp, theta_p, Xp, stats, lp, new, lp_par), prob, True
+        kept = forward if params.affine else None
+        return ChainState(qp, theta_p, Xp, stats, lp, kept, lp_par), prob, True
     return state, prob, False
 
 

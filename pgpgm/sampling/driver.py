@@ -69,7 +69,7 @@ def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: i
     N = d.obs.times.size
     P = d.system.n_parameters
     total = tune + draws
-    state = init_state(target, theta0)
+    state = scheme.begin(target, init_state(target, theta0))
     params, tuning = scheme.start(target, state, tune, state_scale, param_scale)
     out = {"theta": np.empty((total, P)), "X": np.empty((total, N, d.system.n_states)), "lp": np.empty(total)}
     stats: dict[str, np.ndarray] = {}

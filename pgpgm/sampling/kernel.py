@@ -37,8 +37,9 @@ class ChainState:
     X : (N, S) every state (observed: sampled; latent: integrated);
     stats : the maintained vectors at (theta, X); logp : the model log density;
     conditional : the block scheme's Gaussian of the observed states given the current
-    parameters (:class:`~pgpgm.sampling.conditional.ConditionalGaussian`; None until
-    the block scheme computes it, and in the element-wise scheme);
+    parameters, kept where it does not depend on the states (f affine in the observed states:
+    :class:`~pgpgm.sampling.conditional.ConditionalGaussian`; None until the block scheme
+    computes it, and otherwise);
     logp_par : the log density's terms in the parameters alone, with the latent states
     (:meth:`~pgpgm.sampling.target.GradientMatchingTarget.parameter_part`; the state sweep
     leaves it unchanged), so that :func:`refresh` needs no ODE solve (NaN where unknown:

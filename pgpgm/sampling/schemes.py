@@ -2,6 +2,8 @@
 
 A scheme is a small frozen object with
 
+- ``begin(target, state) -> state``: where the chain starts, given the state at its starting
+  parameters with the observed states at the GP means,
 - ``start(target, state, tune, state_scale, param_scale) -> (params, adaptation)``,
 - ``step(rng, state, params, target) -> (state, info)`` (pure),
 - ``adapt(params, adaptation, state, info, target) -> (params, adaptation)`` (burn-in only),
@@ -24,7 +26,7 @@ import numpy as np
 
 from ..errors import DataError
 from . import adapt
-from .block import BlockInfo, BlockParams, Coordinates, block_step, block_vector
+from .block import BlockInfo, BlockParams, Coordinates, block_step, block_vector, settle_states
 from .kernel import ChainState, StepInfo, StepParams, anchor, refresh, step
 from .target import GradientMatchingTarget
 
@@ -49,6 +51,10 @@ class Elementwise:
     proposal sds tuned toward 0.44 acceptance (:func:`pgpgm.sampling.adapt.update`)."""
 
     name: ClassVar[str] = "elementwise"
+
+    def begin(self, target: GradientMatchingTarget, state: ChainState) -> ChainState:
+        """The paper's start: the observed states at the GP means."""
+        return state
 
     def start(self, target: GradientMatchingTarget, state: ChainState, tune: int, state_scale=None,
               param_scale=None) -> tuple[StepParams, adapt.AdaptationState]:
@@ -106,8 +112,14 @@ class Block:
             sp = np.broadcast_to(np.asarray(param_scale, float), state.q.shape)
             sp = np.where(coords.log, sp / np.maximum(state.q - coords.lower, 1e-12), sp)
         sd = np.concatenate([sp, d.noise_sd]) if d.latent else sp
-        params = BlockParams(sx, np.diag(sd), 1.0, int(self.n_moves), coords)
+        params = BlockParams(sx, np.diag(sd), 1.0, int(self.n_moves), coords,
+                             d.system.linear_in(list(d.observed_idx)))
         return params, adapt.BlockAdaptation.start(params, tune)
+
+    def begin(self, target: GradientMatchingTarget, state: ChainState) -> ChainState:
+        """The observed states at their Gaussian's mean given the starting parameters
+        (:func:`pgpgm.sampling.block.settle_states`)."""
+        return settle_states(target, state)
 
     def step(self, rng, state, params, target):
         return block_step(rng, state, params, target)
