@@ -262,7 +262,8 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
     need short trajectories from the first draw. Otherwise, or where the matrix is not finite,
     a diagonal one from ``sd`` (variables without an sd, or whose transform has no finite
-    derivative at ``center``, e.g. a refined value on a bound of its box, start at variance 1).
+    derivative at ``center``, e.g. a refined value on a bound of its box, start at variance 1; their
+    adaptation's mean starts at a point just inside the box).
     """
     at = space.point(center)
     names, mean, du = [], [], []
@@ -270,10 +271,13 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
         name = space.model.values_to_rvs[v].name
         sdv = float(sd.get(name, np.nan))
         h = 1e-4 * sdv if np.isfinite(sdv) and sdv > 0 else 1e-6 * max(abs(float(center[name])), 1.0)
-        du.append((float(space.point({**center, name: center[name] + h})[v.name])
-                   - float(space.point({**center, name: center[name] - h})[v.name])) / (2 * h))
+        up, down = (float(space.point({**center, name: center[name] + s})[v.name]) for s in (h, -h))
+        du.append((up - down) / (2 * h))
         names.append(name)
-        mean.append(float(at[v.name]))
+        # a centre on a bound of its box is infinite in the transformed space: the adaptation's running
+        # mean starts just inside instead (an infinite one made numpy warn "invalid value" at every tuning
+        # draw of the first window - PyMC discards that window's estimate, so only the warnings differ)
+        mean.append(next((u for u in (float(at[v.name]), up, down) if np.isfinite(u)), 0.0))
     du = np.array(du)
     var = np.array([(d * float(sd[n])) ** 2 if np.isfinite(sd.get(n, np.nan)) and sd.get(n, 0) > 0 else 1.0
                     for n, d in zip(names, du)])
