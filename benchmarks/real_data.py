@@ -100,7 +100,8 @@ for seed in range(args.seeds):
     wall = time.perf_counter() - t0
     (best, q_best), nll = independent_optimum(sim, np.random.default_rng(seed), args.starts)
     q = np.concatenate([r.theta, [r.x0[s] for s in system.states]])
-    truth_y = log.to_original(sim["truth"].transpose("time", "state").values)[:, 1]
+    truth = log.to_original(sim["truth"].transpose("time", "state").values)  # X, Y, Z
+    truth_y = truth[:, 1]
     ib, ig, idl = (system.parameters.index(n) for n in ("beta", "gamma", "delta"))
     mirror = case.theta.copy()
     mirror[[ib, idl]] = case.theta[[idl, ib]]
@@ -108,8 +109,7 @@ for seed in range(args.seeds):
     in_mirror = np.max(np.abs(r.theta - mirror) / se) < np.max(np.abs(r.theta - case.theta) / se)
     reference = mirror if in_mirror else case.theta
     if in_mirror:  # Y of the mirror: Y + (beta - delta) Z / gamma
-        truth_z = log.to_original(sim["truth"].transpose("time", "state").values)[:, 2]
-        truth_y = truth_y + (case.theta[ib] - case.theta[idl]) * truth_z / case.theta[ig]
+        truth_y = truth_y + (case.theta[ib] - case.theta[idl]) * truth[:, 2] / case.theta[ig]
     x = r.trajectories["x"].sel(estimate="refined", state="Y")
     rmse_y = float(np.sqrt(np.mean((x.values - np.interp(x["time_dense"].values, sim["time"].values, truth_y)) ** 2)))
     q_mirror = q.copy()  # theta, X0, Y0, Z0
