@@ -278,7 +278,8 @@ def refine(
         case the free initial values start at ``problem.x0``.
     bounds : (P, 2) lower and upper bounds of theta, or None; free initial values and
         sds are unbounded.
-    max_nfev : most residual evaluations of each weighted least-squares solve.
+    max_nfev : most residual evaluations of each weighted least-squares solve (of each of
+        its two methods when the first exhausts them within bounds: see :func:`_least_squares`).
     estimate_noise : False (default): the sds ``problem.noise_sd`` are known and fixed,
         and the refinement is weighted least squares. True: every observed state's sd
         is estimated jointly with q by maximum likelihood, ``problem.noise_sd`` being
@@ -366,8 +367,7 @@ def refine(
     rounds, converged, messages = 0, not estimated.any(), []
     while True:
         current = problem.with_noise_sd(sd)
-        res = optimize.least_squares(current.residuals, q, jac=current.jacobian, bounds=(lo, hi), method="trf",
-                                     x_scale="jac", max_nfev=max_nfev)
+        res = _least_squares(current, q, lo, hi, max_nfev)
         q = res.x
         messages.append(str(res.message))
         if not estimated.any():
@@ -415,6 +415,31 @@ def refine(
         noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
         singular_values=s, null_space=null, undetermined=undetermined,
     )
+
+
+def _least_squares(problem: LeastSquaresProblem, q: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                   max_nfev: int) -> optimize.OptimizeResult:
+    """One weighted least-squares solve from q within [lo, hi]: scipy's trust-region-reflective
+    method ("trf"), and when it spends ``max_nfev`` evaluations without converging (status 0)
+    inside finite bounds, a second solve from its end point by the dogleg method with
+    rectangular trust regions ("dogbox", at most ``max_nfev`` evaluations more), kept if it
+    lowers the cost.
+
+    trf keeps its iterates strictly inside the bounds and its steps toward an active bound
+    shrink geometrically, so an optimum on a bound is reached by a crawl: Lotka-Volterra, x1
+    observed, from a chain mean in the wrong basin took 400-780 evaluations to theta3's
+    upper bound 10 (``max_nfev`` 200 exhausted at every noise-sd round), where dogbox, which
+    fixes active bounds, took 14-42 from the same starts. dogbox is not the first method
+    because it fails on ill-conditioned problems: from prior-box starts on protein
+    transduction (R latent) it reached the optimum from 70 % of starts against trf's 100 %,
+    at 30 times the cost. Solves that converge under trf are unchanged."""
+    res = optimize.least_squares(problem.residuals, q, jac=problem.jacobian, bounds=(lo, hi), method="trf",
+                                 x_scale="jac", max_nfev=max_nfev)
+    if res.status != 0 or not np.any(np.isfinite(lo) | np.isfinite(hi)):
+        return res
+    polish = optimize.least_squares(problem.residuals, res.x, jac=problem.jacobian, bounds=(lo, hi),
+                                    method="dogbox", x_scale="jac", max_nfev=max_nfev)
+    return polish if polish.cost < res.cost else res
 
 
 def _covariance(J: np.ndarray, names: tuple[str, ...], rcond: float):

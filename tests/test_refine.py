@@ -176,6 +176,39 @@ def test_refinement_from_truth_is_a_stationary_optimum(lv):
     assert np.all(np.isfinite(res.stderr)) and np.all(res.stderr > 0) and res.covariance.shape == (4, 4)
 
 
+def test_an_optimum_on_a_bound_is_reached_where_trf_alone_crawls(lv):
+    """Lotka-Volterra, x1 observed, from a point in the basin whose optimum lies on theta3's
+    upper bound (where step 2's chains in a wrong basin refine to): scipy's trf creeps toward
+    the bound and spends its 200 evaluations short of it; refine finishes by dogbox. The
+    reference: the least-squares optimum with theta3 held at 10 (Levenberg-Marquardt, tight
+    tolerances), whose gradient in theta3 points out of the box (a bound optimum)."""
+    data = lv.simulate("x1-observed", seed=0)
+    y = data["y"].values
+    prob = LeastSquaresProblem(pgpgm.Integrator(lv.system, data["time"].values), y, [0], [0.1], [y[0, 0], 3.0],
+                               free_x0=[0])
+    bounds = np.array([[0.0, 10.0]] * 4)
+    q0 = np.array([7.2, 2.3, 6.7, 1.8, 4.35])
+    lo, hi = np.r_[bounds[:, 0], -np.inf], np.r_[bounds[:, 1], np.inf]
+    trf = optimize.least_squares(prob.residuals, q0, jac=prob.jacobian, bounds=(lo, hi), method="trf", x_scale="jac",
+                                 max_nfev=200)
+    assert trf.status == 0 and trf.x[2] < 9.5  # the crawl this test is about
+
+    def on_bound(p):  # (theta1, theta2, theta4, x1_0) -> q with theta3 = 10
+        return np.r_[p[:2], 10.0, p[2:]]
+
+    ref = optimize.least_squares(lambda p: prob.residuals(on_bound(p)), np.delete(q0, 2),
+                                 jac=lambda p: np.delete(prob.jacobian(on_bound(p)), 2, axis=1), method="lm",
+                                 xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=5000)
+    q_ref = on_bound(ref.x)
+    assert (prob.jacobian(q_ref).T @ prob.residuals(q_ref))[2] < 0  # the cost falls toward theta3 > 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdentifiabilityWarning)
+        res = refine(prob, q0, bounds)
+    assert res.q[2] == pytest.approx(10.0, abs=1e-9)
+    assert res.cost == pytest.approx(ref.cost, rel=1e-8) and trf.cost > ref.cost + 0.1
+    np.testing.assert_allclose(res.q, q_ref, rtol=1e-3)
+
+
 # ----------------------------------------------------------------------------- (d) noise
 @pytest.fixture(scope="module")
 def chain_data():
