@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import write  # noqa: E402
-from vs_multistart import CASES, run  # noqa: E402
+from vs_multistart import CASES, published, run  # noqa: E402
 
 import pgpgm  # noqa: E402
 
@@ -70,12 +70,7 @@ def instrument(acc: dict) -> None:
 
 
 def breakdown(key: str, seeds, acc: dict) -> dict:
-    name, case_name = CASES[key]
-    spec = pgpgm.load_model(name)
-    case = spec.case(case_name)
-    data = spec.simulate(case_name, seed=0)
-    opts = {"kernel": case.kernel, "gamma": case.gamma, "priors": spec.priors(case_name), "posterior": None,
-            "progressbar": False}
+    spec, case, data, opts = published(key)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -29,13 +29,9 @@ from scipy import optimize
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import write  # noqa: E402
-from vs_multistart import CASES  # noqa: E402
+from vs_multistart import CASES, multistart_problem  # noqa: E402
 
 import pgpgm  # noqa: E402
-from pgpgm.data import as_observations  # noqa: E402
-from pgpgm.density import fit_gps  # noqa: E402
-from pgpgm.priors import Priors  # noqa: E402
-from pgpgm.refine import LeastSquaresProblem  # noqa: E402
 
 REFINE = importlib.import_module("pgpgm.refine")
 PGPGM = REFINE._least_squares
@@ -51,22 +47,8 @@ def _scipy(method: str, spent: list):
     return solve
 
 
-def problem_of(key: str):
-    name, case_name = CASES[key]
-    spec = pgpgm.load_model(name)
-    case = spec.case(case_name)
-    obs = as_observations(spec.simulate(case_name, seed=0), case.observed, spec.system)
-    noise = np.array([g.noise_sd for g in fit_gps(obs, case.kernel, seed=0)])
-    idx = spec.system.index_of_states(obs.states)
-    x0 = np.array(case.x0, float)
-    x0[list(idx)] = obs.values[0]
-    problem = LeastSquaresProblem(pgpgm.Integrator(spec.system, obs.times), obs.values, tuple(idx), noise, x0,
-                                  free_x0=tuple(idx))
-    return problem, Priors.from_user(spec.system.parameters, spec.priors(case_name)).bounds
-
-
 def compare(key: str, n_starts: int) -> list[dict]:
-    problem, bounds = problem_of(key)
+    problem, bounds = multistart_problem(key)
     out = {}
     for method in ("trf", "pgpgm", "dogbox"):
         spent: list = []

@@ -56,13 +56,33 @@ TOL = 0.01  # nats
 SEEDS = (0, 1, 2)
 
 
-def run(key: str, n_starts: int, seeds=SEEDS) -> dict:
+def published(key: str):
+    """(spec, case, data, fit options) of a case: the published data (seed 0) and the default
+    fit's options for steps 1-3 (``posterior=None``, no progress bar)."""
     name, case_name = CASES[key]
     spec = pgpgm.load_model(name)
     case = spec.case(case_name)
-    data = spec.simulate(case_name, seed=0)
     opts = {"kernel": case.kernel, "gamma": case.gamma, "priors": spec.priors(case_name), "posterior": None,
             "progressbar": False}
+    return spec, case, spec.simulate(case_name, seed=0), opts
+
+
+def multistart_problem(key: str) -> tuple[LeastSquaresProblem, np.ndarray]:
+    """The least-squares problem ``fit`` builds for a case (noise sds from the GPs, observed
+    initial values free, started at the first observation) and the prior box (P, 2)."""
+    spec, case, data, _ = published(key)
+    obs = as_observations(data, case.observed, spec.system)
+    noise = np.array([g.noise_sd for g in fit_gps(obs, case.kernel, seed=0)])
+    idx = spec.system.index_of_states(obs.states)
+    x0 = np.array(case.x0, float)
+    x0[list(idx)] = obs.values[0]
+    problem = LeastSquaresProblem(pgpgm.Integrator(spec.system, obs.times), obs.values, tuple(idx), noise, x0,
+                                  free_x0=tuple(idx))
+    return problem, Priors.from_user(spec.system.parameters, spec.priors(case.name)).bounds
+
+
+def run(key: str, n_starts: int, seeds=SEEDS) -> dict:
+    spec, case, data, opts = published(key)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pgpgm.fit(spec.system, data, case.observed, draws=20, tune=20, stop="never", **opts)  # compile (warm-up)
@@ -73,15 +93,7 @@ def run(key: str, n_starts: int, seeds=SEEDS) -> dict:
             fits.append((time.perf_counter() - t0, r, time.process_time() - c0))
 
     # multi-start least squares: the problem fit() builds, from uniform starts in the prior box
-    obs = as_observations(data, case.observed, spec.system)
-    gps = fit_gps(obs, case.kernel, seed=0)
-    noise = np.array([g.noise_sd for g in gps])
-    integrator = pgpgm.Integrator(spec.system, obs.times)
-    idx = spec.system.index_of_states(obs.states)
-    x0 = np.array(case.x0, float)
-    x0[list(idx)] = obs.values[0]
-    problem = LeastSquaresProblem(integrator, obs.values, tuple(idx), noise, x0, free_x0=tuple(idx))
-    bounds = Priors.from_user(spec.system.parameters, spec.priors(case_name)).bounds  # (P, 2), the uniform box
+    problem, bounds = multistart_problem(key)
     rng = np.random.default_rng(12345)
     nll, seconds, cpu = [], [], []
     with warnings.catch_warnings():
@@ -106,7 +118,7 @@ def run(key: str, n_starts: int, seeds=SEEDS) -> dict:
     cpu95 = n95 * float(np.mean(cpu))
     steps = float(np.median([sum(r.timings[k] for k in ("gp", "sampling", "refinement")) for _, r, _ in fits]))
     its = [r.estimates.attrs["sampling_iterations"] for _, r, _ in fits]
-    return {"case": f"{name} {case_name}", "pgpgm_fit_s": t_pg, "pgpgm_steps_1_3_s": steps,
+    return {"case": " ".join(CASES[key]), "pgpgm_fit_s": t_pg, "pgpgm_steps_1_3_s": steps,
             "pgpgm_iterations_per_chain": " / ".join(str(int(np.max(i))) for i in its),
             "pgpgm_success": f"{int(np.sum(pg_nll <= best + TOL))}/{len(fits)}",
             "pgpgm_nll_minus_best": " / ".join(f"{v - best:.2g}" for v in pg_nll),
