@@ -1,9 +1,10 @@
 """Where a default fit's steps 1-3 spend their time, and the least that is left of it
 against multi-start least squares when step 2's Python overhead is removed.
 
-Each case of ``vs_multistart.py`` (published data, seed 0; warm, after one short fit that
-compiles): the default ``pgpgm.fit`` with ``posterior=None`` for sampler seeds 0..N-1, with
-timers around its parts (wall seconds per fit, median over seeds):
+Each case of ``vs_multistart.py`` (published data, seed 0; warm: after that benchmark's
+``run`` on the case in the same process, which compiles and gives the multi-start figure):
+the default ``pgpgm.fit`` with ``posterior=None`` for sampler seeds 0..N-1, with timers
+around its parts (wall seconds per fit, median over seeds):
 
 - ``gp`` (step 1), ``refinement`` (step 3): ``result.timings``;
 - ``checks``: the stop rule's refinements of the chains' means (``RefinedAgreement.decide``);
@@ -70,16 +71,17 @@ def instrument(acc: dict) -> None:
 
 
 def breakdown(key: str, seeds, acc: dict) -> dict:
+    """Median parts of the timed fits of ``key``, after :func:`vs_multistart.run` on the same case
+    in this process (which compiled the model: no warm-up here)."""
     spec, case, data, opts = published(key)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pgpgm.fit(spec.system, data, case.observed, draws=20, tune=20, stop="never", **opts)  # compile
         for seed in seeds:
             acc.clear()
             c = time.process_time()
             r = pgpgm.fit(spec.system, data, case.observed, seed=seed, **opts)
-            rows.append({"cpu": time.process_time() - c, **{k: r.timings[k] for k in ("gp", "refinement", "total")},
+            rows.append({"cpu": time.process_time() - c, **{k: r.timings[k] for k in ("gp", "refinement")},
                          **{p: acc[p] for p in PARTS}})
     med = {k: float(np.median([row[k] for row in rows])) for k in rows[0]}
     med["floor"] = sum(med[k] for k in ("gp", "checks", "parameter_terms", "refinement", "diagnostics", "datatree"))
