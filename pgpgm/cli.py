@@ -177,7 +177,11 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     checks = [f"- {k}{_ROLE.get(k, '')}: " + ("; ".join(v) if v else "converged (R-hat <= 1.01, ESS >= 400, no divergences)")
               for k, v in result.convergence_problems().items()]
     bounds = [f"- {m}" for m in result.at_bounds.values()]
-    lines = [f"# {title}", "", _table(table), "", *(["## At a prior bound", "", *bounds, ""] if bounds else []),
+    starts = ", ".join(f"{k} {v:.6g}" for k, v in result.nll_per_start.items())
+    fit_line = (f"negative log likelihood at the refined point: {result.nll:.6g} (refinement starts: {starts}; "
+                "lower is better, comparable between fits of the same data)")
+    lines = [f"# {title}", "", _table(table), "", fit_line, "",
+             *(["## At a prior bound", "", *bounds, ""] if bounds else []),
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
              "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]
     if diag is not None:
@@ -451,7 +455,7 @@ def _batch(a) -> int:
     jobs = build(a.data, spec, observed=a.observe)
     table = pgpgm.fit_many(jobs, out, scheduler=a.scheduler, n_workers=a.workers, progressbar=not a.no_progress,
                            save_on_workers=True if a.save_on_workers else None, **opts)
-    shown = table[[c for c in ("name", "status", "seconds", "refinement_cost", "max_rhat", "error") if c in table]]
+    shown = table[[c for c in ("name", "status", "seconds", "nll", "max_rhat", "error") if c in table]]
     print(shown.to_string(index=False))
     counts = table["status"].value_counts()
     print(f"\n{len(table)} jobs: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; wrote {out}/")

@@ -327,7 +327,9 @@ def fit(
         coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters), "start": list(starts),
                 "state": list(system.states),
                 "parameter_": list(full.parameters)},
-        attrs={"refinement_cost": ref.cost, "refinement_nll": ref.nll, "noise_estimated": int(noise_sd is None),
+        # with estimated noise sds the scaled cost is N/2 at every optimum: only the likelihood compares fits
+        attrs={"refinement_cost": ref.cost if noise_sd is not None else np.nan, "refinement_nll": ref.nll,
+               "noise_estimated": int(noise_sd is None),
                "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
                "refinement_success": int(ref.success), "refinement_message": ref.message,
                "sampling_stopped": int(stopping["stopped"]), "sampling_stop_reason": stopping["reason"],

@@ -29,7 +29,10 @@ class FitResult:
     posterior : ArviZ DataTree of the main posterior: NUTS on the ODE model (step 4, the
         default), its Laplace approximation, or the gradient-matching chains when the fit
         ran without step 4 (``fit(posterior=None)``)
-    estimates : xarray.Dataset, ``x0`` (state) refined initial values, ``nll_per_start``
+    estimates : xarray.Dataset, ``x0`` (state) refined initial values; attributes
+        ``refinement_nll`` (the negative log likelihood at the refined point, :attr:`nll`) and
+        ``refinement_cost`` (1/2 the sum of squared residuals over the given noise sds; NaN
+        when the noise sds were estimated, where it is N/2 at every optimum); ``nll_per_start``
         (start: ``"pooled mean"``, then ``"chain <c> mean"`` for each chain, or ``"last check's
         best optimum"`` when step 2 stopped early) negative log likelihood of each refinement
         start, ``theta`` (estimate, parameter) for ``sampled``
@@ -58,6 +61,21 @@ class FitResult:
     def theta(self) -> np.ndarray:
         """The refined parameter estimate (P,)."""
         return self.estimates["theta"].sel(estimate="refined").values
+
+    @property
+    def nll(self) -> float:
+        """The negative log likelihood of the data at the refined point (nats; constants
+        included; noise sds at their estimates or given values): two fits of the same data
+        compare by it, the lower the better (on the original scale of the data for lognormal
+        noise)."""
+        return float(self.estimates.attrs["refinement_nll"])
+
+    @property
+    def nll_per_start(self) -> pd.Series:
+        """The negative log likelihood reached from each start of the refinement (step 3), by start."""
+        e = self.estimates["nll_per_start"]
+        return pd.Series(e.values, index=pd.Index([str(s) for s in e["start"].values], name="start"),
+                         name="negative_log_likelihood")
 
     @property
     def x0(self) -> dict[str, float]:
@@ -90,7 +108,8 @@ class FitResult:
         standard error, and with step 4 the posterior mean, sd, 94 % interval and R-hat;
         ``at_bound`` (``"lower"``/``"upper"``, when some parameter is at a prior bound). A
         parameter held fixed shows its value in every estimate column, standard error and
-        posterior sd 0, and ``fixed`` True (the column is there when some parameter is fixed)."""
+        posterior sd 0, and ``fixed`` True (the column is there when some parameter is fixed).
+        ``table.attrs["negative_log_likelihood"]`` is the refined point's (:attr:`nll`)."""
         e = self.estimates
         fixed = self.fixed
         params = list(self.system.parameters)
@@ -115,6 +134,7 @@ class FitResult:
             table["fixed"] = [p in fixed for p in params]
         if "at_bound" in e and any(e["at_bound"].values):
             table["at_bound"] = [str(v) for v in e["at_bound"].values]
+        table.attrs["negative_log_likelihood"] = self.nll
         return table
 
     def summary(self, **kwargs) -> pd.DataFrame:

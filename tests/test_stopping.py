@@ -242,3 +242,68 @@ def test_chains_held_at_a_bound_run_on_to_the_multistart_optimum(lv):
     assert abs(r.estimates.attrs["refinement_nll"] - best.nll) < 1e-6
     np.testing.assert_allclose(r.theta, best.theta, rtol=1e-4)
     assert abs(best.theta[0] - 10) > 1
+
+
+# ---------------------------------------------------------------- an optimum that does not fit the data
+def _fhn_default(fhn):
+    """The data of the robustness issue: FitzHugh-Nagumo, R observed, 100 points, SNR 100, data seed 0."""
+    return pgpgm.simulate(fhn.system, [0.2, 0.2, 3.0], [-1.0, 1.0], np.linspace(0, 10, 100), snr=100,
+                          observed=["R"], seed=0)
+
+
+def test_chains_agreeing_on_an_optimum_that_fits_worse_than_the_gp_go_on(fhn):
+    # both chains' means at 100 and 150 iterations of the default fit (box (0, 10)) refined to the
+    # wrong optimum theta ~ (1.52, 2.42, 1.64): the old rule stopped there
+    data = _fhn_default(fhn)
+    density = gradient_matching_density(fhn.system, data, ["R"], priors=(0, 10))
+    rule = RefinedAgreement(density, density.integrator, density.priors.bounds)
+    x0 = np.array([-1.0, 1.0])
+
+    def decisions(theta, rule=rule):
+        prev, out = None, []
+        for it in (100, 150):
+            prev = rule.decide([Checkpoint(k, it, it // 2, np.asarray(theta) * (1 + 0.02 * k), x0)
+                                for k in range(2)], prev)
+            out.append(prev)
+        return out
+
+    wrong = decisions([1.5, 2.4, 1.6])
+    # the residual sd there against the GP's noise sd (an independent look: the GP's own sd, and the
+    # residuals of the refined point's solve)
+    best = int(np.argmin(wrong[-1].nll))
+    problem = rule.problem(x0)
+    sd_res = np.sqrt(problem.rss(np.array(wrong[-1].q[best])) / problem.n_obs)
+    assert wrong[-1].fit_ratio[0] == pytest.approx(float(sd_res[0] / density.noise_sd[0]), rel=1e-6)
+    assert wrong[-1].fit_ratio[0] > 5
+    assert max(wrong[-1].nll) - min(wrong[-1].nll) < 0.01  # the chains agree ...
+    assert [d.stop for d in wrong] == [False, False]  # ... on an optimum that does not fit: they go on
+    assert "fits the data worse than the GPs" in wrong[-1].reason and wrong[-1].held
+    # near the truth the same rule stops at the second check, the optimum fitting as well as the GP
+    right = decisions([0.2, 0.2, 3.0])
+    assert [d.stop for d in right] == [False, True] and right[-1].fit_ratio[0] < 1.2
+    assert min(right[-1].nll) < min(wrong[-1].nll) - 100
+    # the check switched off: the old rule, which stops on the wrong optimum
+    off = RefinedAgreement(density, density.integrator, density.priors.bounds, fit_ratio=None)
+    assert [d.stop for d in decisions([1.5, 2.4, 1.6], off)] == [False, True]
+    with pytest.raises(DataError, match="fit_ratio"):
+        RefinedAgreement(density, density.integrator, fit_ratio=0.5)
+
+
+def test_the_default_fit_of_the_robustness_issue_reaches_the_global_optimum(fhn):
+    data = _fhn_default(fhn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = pgpgm.fit(fhn.system, data, ["R"], posterior=None, progressbar=False)
+    # the references: least squares from the truth (the data's basin at this noise) and from 50 starts
+    # spread over the box, which all end in worse optima (only a few per cent of such starts reach it)
+    y = data["y"].values  # (N, 1): R
+    problem = LeastSquaresProblem(pgpgm.Integrator(fhn.system, data.time.values), y, (1,), np.array([0.1]),
+                                  np.array([-1.0, y[0, 0]]), free_x0=(1,))
+    bounds = np.tile([0.0, 10.0], (3, 1))
+    truth = refine(problem, np.r_[0.2, 0.2, 3.0, y[0, 0]], bounds, estimate_noise=True, warn=False)
+    rng = np.random.default_rng(0)
+    nll = [refine(problem, np.r_[rng.uniform(0, 10, 3), y[0, 0]], bounds, estimate_noise=True, warn=False).nll
+           for _ in range(50)]
+    assert r.nll == pytest.approx(truth.nll, rel=1e-6) and r.nll <= min(nll) + 1e-6
+    np.testing.assert_allclose(r.theta, [0.217, 0.245, 2.959], atol=0.01)
+    assert r.nll_per_start.min() == r.nll

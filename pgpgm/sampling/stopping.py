@@ -18,6 +18,19 @@ against the box for thousands of iterations before they find the data's optimum
 bound, 38 nats above the optimum, at every check up to 2600 iterations, and to the optimum
 from 2700 on), and no check tells such a mode from an optimum that really lies on the box;
 while the best lies there the means are refined at growing intervals, not at every check.
+
+Nor does an optimum that fits the data worse than the GP of step 1 does: agreement between
+chains is evidence of the data's basin only when the optimum they agree on explains the
+measurements. Each observed state's residual sd at the best refined optimum,
+sqrt(RSS_k / N_k), is compared with that state's noise sd in the density (the GP's estimate,
+or the sd the user gave); the chains may stop early only while every ratio is at most
+``fit_ratio`` (default 2). Chains still travelling through the box can refine to a wrong
+optimum at two checks in a row, both agreeing on it: FitzHugh-Nagumo, R observed, default
+box (0, 10), data seed 0 - both chains' means refined at 100 and 150 iterations to theta
+(1.52, 2.42, 1.64), whose residual sd is 8.7 times the GP's noise sd; at the global optimum
+(0.217, 0.245, 2.96), which the chains reach at 200-250 iterations, the ratio is 1.03 (and
+0.83-1.07 on every published case). While the best does not fit, the chains go on and are
+refined at growing intervals, as on a bound.
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
@@ -79,11 +92,14 @@ class Decision:
     refined_at: int | None = None
     at_bound: tuple[str, ...] = ()
     q: tuple[tuple[float, ...], ...] = ()
+    fit_ratio: tuple[float, ...] = ()
+    held: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
                 "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
-                "at_bound": list(self.at_bound), "q": [list(v) for v in self.q]}
+                "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
+                "held": list(self.held)}
 
 
 class StopRule(Protocol):
@@ -119,10 +135,13 @@ class RefinedAgreement:
         (default): such an optimum never stops the chains early (they run the whole budget
         unless it leaves the bound), and while it lies there the chains' means are refined
         at growing intervals (``bound_growth``), not at every check
-    bound_growth : while the best lies on a bound (and ``bound_patience`` is None), the chains
-        are refined again at the first check once they have run ``1 + bound_growth`` times as
-        long as at the last refinement (default 0.5: at 150 iterations, then 250, 400, 600,
-        900, ...); 0 refines at every check
+    bound_growth : while the best lies on a bound (and ``bound_patience`` is None) or fits
+        poorly (``fit_ratio``), the chains are refined again at the first check once they
+        have run ``1 + bound_growth`` times as long as at the last refinement (default 0.5:
+        at 150 iterations, then 250, 400, 600, 900, ...); 0 refines at every check
+    fit_ratio : the chains stop early only when every observed state's residual sd at the
+        best refined optimum, sqrt(RSS_k / N_k), is at most ``fit_ratio`` times its noise sd
+        in the density (the GP's, or the one given); None switches the check off
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
     earliest - follow the published cases: every chain's mean refined to the global optimum
@@ -144,6 +163,7 @@ class RefinedAgreement:
     patience: int = 2
     bound_patience: int | None = None
     bound_growth: float = 0.5
+    fit_ratio: float | None = 2.0
     name: ClassVar[str] = "agree"
 
     def __post_init__(self):
@@ -153,6 +173,9 @@ class RefinedAgreement:
             raise DataError(f"tol > 0, bound_growth >= 0 and positive whole check_every, min_iterations, patience, "
                             f"bound_patience are required, got {self.tol}, {self.bound_growth}, {self.check_every}, "
                             f"{self.min_iterations}, {self.patience}, {self.bound_patience}")
+        if self.fit_ratio is not None and not (np.isfinite(self.fit_ratio) and self.fit_ratio >= 1):
+            raise DataError(f"fit_ratio must be a number >= 1 (residual sd over the GP's noise sd) or None, "
+                            f"got {self.fit_ratio!r}")
 
     def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
         """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the
@@ -171,12 +194,11 @@ class RefinedAgreement:
 
     def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
         it = checkpoints[0].iteration
-        if (self.bound_patience is None and previous is not None and previous.at_bound
-                and it < self.next_refinement(previous.refined_at)):
-            # held at a bound, which never stops the chains: look again once they have run longer
+        if previous is not None and previous.held and it < self.next_refinement(previous.refined_at):
+            # held (on a bound, or a poor fit), which never stops the chains: look again once they have run longer
             return replace(previous, iteration=it, stop=False, reason=(
                 f"not refined here: the best refined optimum (negative log likelihood {min(previous.nll):.6g}, "
-                f"at {previous.refined_at} iterations) lies on a prior bound ({'; '.join(previous.at_bound)}); "
+                f"at {previous.refined_at} iterations) {'; '.join(previous.held)}; "
                 f"the chains go on and are refined again at {self.next_refinement(previous.refined_at)} iterations"))
         problems = [self.problem(c.x0) for c in checkpoints]
         refs = [refine(pr, np.concatenate([c.theta, pr.x0[list(pr.free_x0)]]), self.bounds,
@@ -188,13 +210,28 @@ class RefinedAgreement:
         # checks the best has stayed within tol of its current value (0: it dropped just now)
         settled = 0 if previous is None else (previous.settled + 1 if min(previous.nll) - best <= self.tol else 0)
         need = 1 if agree else self.patience
+        i_best = int(np.argmin(nll))
         at_bound = [f"{b.parameter} at its {b.side} bound {b.bound:g}" for b in
-                    bound_report(self.density.priors, theta[int(np.argmin(nll))])] if np.isfinite(best) else []
+                    bound_report(self.density.priors, theta[i_best])] if np.isfinite(best) else []
+        ratio = self.residual_ratio(problems[i_best], refs[i_best]) if np.isfinite(best) else np.full(
+            len(self.density.obs.states), np.inf)
+        held = []
         if at_bound:
             need = np.inf if self.bound_patience is None else max(need, self.bound_patience)
+            if self.bound_patience is None:
+                held.append(f"lies on a prior bound ({'; '.join(at_bound)})")
+        poor = [f"{s} {v:.3g}" for s, v in zip(self.density.obs.states, ratio)
+                if self.fit_ratio is not None and not v <= self.fit_ratio]
+        if poor:
+            need = np.inf
+            held.append(f"fits the data worse than the GPs (residual sd / noise sd: {', '.join(poor)}; at most "
+                        f"{self.fit_ratio:g} stops early)")
         bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
             "the chains go on until it leaves the bound or to the whole budget" if self.bound_patience is None else
             f"it must hold for {need * self.check_every} iterations")
+        if poor:
+            bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
+                           "chains go on until it fits or to the whole budget")
         if settled >= need:
             reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
                       f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
@@ -208,7 +245,15 @@ class RefinedAgreement:
                       + ("the first" if previous is None else "new" if settled == 0 else "unchanged")
                       + f" ({'chains agree' if agree else 'chains differ: ' + _fmt(nll)})")
         return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
-                        tuple(tuple(float(v) for v in r.q) for r in refs))
+                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held))
+
+    def residual_ratio(self, problem: LeastSquaresProblem, ref) -> np.ndarray:
+        """(M,) each observed state's residual sd sqrt(RSS_k / N_k) at the refined optimum
+        ``ref`` over its noise sd in the density (inf where the refinement failed)."""
+        if not np.isfinite(ref.nll):
+            return np.full(len(self.density.obs.states), np.inf)
+        sd = np.where(ref.noise_estimated, ref.noise_sd, np.sqrt(problem.rss(ref.q) / problem.n_obs))
+        return sd / np.asarray(self.density.noise_sd, float)
 
 
 def _fmt(values) -> str:
