@@ -176,6 +176,21 @@ class Observations:
         """(N, M) ``values`` with ``fill`` where not measured."""
         return np.where(self.mask, self.values, fill)
 
+    def difference_noise_sd(self) -> np.ndarray:
+        """(M,) a model-free estimate of each state's noise sd (state units) from its measurements
+        alone: the rms deviation of every inner measurement from the straight line through its two
+        neighbours, scaled so that white noise of sd s gives s (an uneven grid weighted exactly).
+        The signal's curvature between neighbours adds to it, so it errs high on sparse or fast
+        series; it cannot err low as a GP that mistakes noise for signal can."""
+        out = np.zeros(len(self.states))
+        for m in range(len(self.states)):
+            t, v = self.state_times(m), self.state_values(m)
+            h1, h2 = np.diff(t)[:-1], np.diff(t)[1:]
+            line = (h2 * v[:-2] + h1 * v[2:]) / (h1 + h2)  # the neighbours' line at the middle time
+            var = 1 + (h1**2 + h2**2) / (h1 + h2) ** 2  # variance of v - line in units of s^2
+            out[m] = np.sqrt(np.mean((v[1:-1] - line) ** 2 / var))
+        return out
+
 
 _LONG = ("time", "state", "value")
 

@@ -307,3 +307,44 @@ def test_the_default_fit_of_the_robustness_issue_reaches_the_global_optimum(fhn)
     assert r.nll == pytest.approx(truth.nll, rel=1e-6) and r.nll <= min(nll) + 1e-6
     np.testing.assert_allclose(r.theta, [0.217, 0.245, 2.959], atol=0.01)
     assert r.nll_per_start.min() == r.nll
+
+
+def test_the_difference_noise_estimate_is_unbiased_for_white_noise_on_a_line():
+    # y = a + b t + e on an uneven grid: every inner point's deviation from its neighbours' line is
+    # pure noise with variance s^2 (1 + (h1^2 + h2^2) / (h1 + h2)^2), so the mean square, scaled,
+    # estimates s^2 without bias
+    rng = np.random.default_rng(3)
+    t = np.sort(rng.uniform(0, 10, 40))
+    s, reps = 0.3, 4000
+    v = np.array([pgpgm.data.Observations(t, (1.5 - 0.7 * t + s * rng.standard_normal(t.size))[:, None], ("y",))
+                  .difference_noise_sd()[0] ** 2 for _ in range(reps)])
+    assert v.mean() == pytest.approx(s**2, rel=4 * v.std() / np.sqrt(reps) / s**2)
+    # a measured state with gaps uses its own measurements only
+    y = np.column_stack([1.5 - 0.7 * t, np.where(np.arange(t.size) % 3 == 0, np.nan, 2 * t)])
+    obs = pgpgm.data.Observations(t, y, ("a", "b"))
+    np.testing.assert_allclose(obs.difference_noise_sd(), [0.0, 0.0], atol=1e-12)
+
+
+def test_a_gp_that_takes_noise_for_signal_does_not_hold_the_chains(pt_model):
+    pt = pt_model
+    # protein transduction, R latent, data seed 1: the GP of S estimates sd 0.0028 (the data's is
+    # 0.01), so at the global optimum S's residual sd is 2-3x the GP's; judged against the
+    # measurements' own noise level the chains stop early, at the full budget's optimum
+    data, c, density = _case(pt, "R-latent", seed=1)
+    assert density.noise_sd[0] < 0.004
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = pgpgm.fit(pt.system, data, c.observed, kernel=c.kernel, gamma=c.gamma, priors=pt.priors("R-latent"),
+                      posterior=None, progressbar=False, seed=1)
+    a = r.estimates.attrs
+    assert max(a["sampling_iterations"]) <= 300
+    ratio = json.loads(r.gradient_matching.attrs["pgpgm_stopping"])["checks"][-1]["fit_ratio"]
+    assert max(ratio) < 2
+    # the optimum of least squares started at the truth (the data's basin at this noise)
+    obs = pgpgm.data.as_observations(data, c.observed, pt.system)
+    idx = pt.system.index_of_states(obs.states)
+    problem = LeastSquaresProblem(pgpgm.Integrator(pt.system, obs.times), obs.values, tuple(idx), np.full(4, 0.01),
+                                  np.array(c.x0, float), free_x0=tuple(idx))
+    truth = refine(problem, np.r_[data.attrs["theta"], np.array(c.x0)[list(idx)]], density.priors.bounds,
+                   estimate_noise=True, warn=False)
+    assert r.nll == pytest.approx(truth.nll, rel=1e-6)
