@@ -210,7 +210,7 @@ def fit(
     own_rule = isinstance(stop, str) and stop == "agree"  # its checks refine step 3's problem
     if own_rule:
         stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=refine_x0,
-                                estimate_noise=gm.noise_sd is None)
+                                estimate_noise=gm.noise_sd is None, seed=seed)
     # step 2 in this process (cores=1): worker processes would each compile the model again
     tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
                   progressbar=progressbar, stop=stop)
@@ -240,15 +240,18 @@ def fit(
     # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
     # free initial values, as the stop checks refine them); keep the best
     starts = {"pooled mean": np.concatenate([theta_s, x0_full[list(free_x0)]])}
-    last = stopping["checks"][-1] if stopping["stopped"] and stopping["checks"] else None
-    if own_rule and last is not None and gm.system is system and not on_log_for_matching:
+    last = stopping["checks"][-1] if stopping["checks"] else None
+    same_problem = own_rule and last is not None and gm.system is system and not on_log_for_matching
+    if same_problem and stopping["stopped"]:
         # the chains stopped at a check whose windows are the kept draws: that check refined every
-        # chain's mean already (this problem, these bounds); go on from the best of its optima
-        starts["last check's best optimum"] = np.array(last["q"][int(np.argmin(last["nll"]))])
+        # chain's mean (and any box start) already (this problem, these bounds); go on from the best
+        starts["last check's best optimum"] = np.array(last["best_q"])
     elif post.sizes["chain"] > 1:
         starts |= {f"chain {c} mean": np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
                                                      start_x0({"chain": c})[list(free_x0)]])
                    for c in post.chain.values}
+    if same_problem and not stopping["stopped"] and last["box_q"]:  # the stop rule's search of the prior box
+        starts["box search's best optimum"] = np.array(last["box_q"])
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts.values()]
     usable = [r for r in refinements if np.isfinite(r.nll)]

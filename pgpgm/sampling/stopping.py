@@ -11,27 +11,34 @@ the best refined negative log likelihood has not dropped by more than ``tol`` fo
 check interval while every chain's refinement reaches it (all chains found the same
 optimum), or for ``patience`` intervals while they differ (a chain held in a worse mode of
 the gradient-matching density: the full budget would refine from every chain and keep
-the same best). An optimum on a bound of a Uniform prior (:func:`pgpgm.bounds.bound_report`)
-does not stop the chains early by default: chains started apart can sit together in a mode
-against the box for thousands of iterations before they find the data's optimum
-(Lotka-Volterra, x2 observed, data and sampler seed 4: both chains' means refined to a
-bound, 38 nats above the optimum, at every check up to 2600 iterations, and to the optimum
-from 2700 on), and no check tells such a mode from an optimum that really lies on the box;
-while the best lies there the means are refined at growing intervals, not at every check.
+the same best).
 
-Nor does an optimum that fits the data worse than the GP of step 1 does: agreement between
-chains is evidence of the data's basin only when the optimum they agree on explains the
-measurements. Each observed state's residual sd at the best refined optimum,
-sqrt(RSS_k / N_k), is compared with that state's noise level: the sd the user gave, or else the
-larger of the GP's estimate and a model-free one from the measurements alone
-(:meth:`pgpgm.data.Observations.difference_noise_sd`; a GP on 15 points can take noise for
-signal: protein transduction, data seed 1, the GP's sd of S is 0.0028 where the data's is 0.01);
-the chains may stop early only while every ratio is at most ``fit_ratio`` (default 2). Chains still travelling through the box can refine to a wrong
-optimum at two checks in a row, both agreeing on it: FitzHugh-Nagumo, R observed, default
-box (0, 10), data seed 0 - both chains' means refined at 100 and 150 iterations to theta
-(1.52, 2.42, 1.64), whose residual sd is 8.7 times the GP's noise sd; at the global optimum
-(0.217, 0.245, 2.96), which the chains reach at 200-250 iterations, the ratio is 1.03. While the best does not fit, the chains go on and are
-refined at growing intervals, as on a bound.
+Agreement is not evidence of the data's basin in two cases, which hold the chains:
+
+- **The optimum fits the data worse than the GPs do.** Each observed state's residual sd
+  at the best optimum, sqrt(RSS_k / N_k), is compared with its noise level: the sd the user
+  gave, or else the larger of the GP's estimate and a model-free one from the measurements
+  alone (:meth:`pgpgm.data.Observations.difference_noise_sd`; a GP on 15 points can take
+  noise for signal: protein transduction, data seed 1, the GP's sd of S is 0.0028 where the
+  data's is 0.01). The chains may stop early only while every ratio is at most
+  ``fit_ratio`` (default 2). Chains still travelling through the box can refine to a wrong
+  optimum at two checks in a row, both agreeing on it: FitzHugh-Nagumo, R observed, default
+  box (0, 10), data seed 0 - both chains' means refined at 100 and 150 iterations to theta
+  (1.52, 2.42, 1.64), whose residual sd is 8.7 times the GP's noise sd; at the global
+  optimum (0.217, 0.245, 2.96), which the chains reach at 200-250 iterations, it is 1.03.
+- **The optimum lies on a bound of a Uniform prior** (:func:`pgpgm.bounds.bound_report`):
+  chains started apart can sit together in a mode against the box for thousands of
+  iterations before they find the data's optimum (Lotka-Volterra, x2 observed, data and
+  sampler seed 4: both chains' means refined to a bound, 38 nats above the optimum, at every
+  check up to 2600 iterations).
+
+While the best is held, the chains' means are refined at growing intervals, and each such
+check also refines least squares from new points spread over the prior box (a scrambled
+Sobol sequence, two per 50 iterations run; ``box_starts``): a multi-start beside the chains,
+whose best competes with theirs. A held optimum stops the chains once that box search has
+refined ``box_release`` (20) points without finding a better one - chains and multi-start
+agree that the box holds nothing better (an optimum that really lies on a bound; a model
+that fits less well than a GP can, as on real data) - or else at the whole budget.
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
@@ -42,12 +49,16 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import numpy as np
+from scipy.stats import qmc
 
 from ..bounds import bound_report
 from ..density import GradientMatchingDensity
 from ..errors import DataError
 from ..refine import LeastSquaresProblem, refine
 from ..solve import Integrator
+
+#: residual evaluations of a box point's first, short refinement (:meth:`RefinedAgreement._box_search`)
+_PROBE_NFEV = 40
 
 
 @dataclass(frozen=True)
@@ -95,12 +106,32 @@ class Decision:
     q: tuple[tuple[float, ...], ...] = ()
     fit_ratio: tuple[float, ...] = ()
     held: tuple[str, ...] = ()
+    box_nll: float = np.inf
+    box_q: tuple[float, ...] = ()
+    box_starts: int = 0
+    box_fit_ratio: tuple[float, ...] = ()
+
+    @property
+    def best_nll(self) -> float:
+        """The lowest negative log likelihood found so far: the chains' refinements at this check
+        and the best box start of every check up to here."""
+        return min(min(self.nll, default=np.inf), self.box_nll)
+
+    @property
+    def best_q(self) -> tuple[float, ...]:
+        """(Q,) the unknowns of :attr:`best_nll`'s optimum (empty when nothing was refined)."""
+        if not self.nll and not self.box_q:
+            return ()
+        if self.box_q and self.box_nll < min(self.nll, default=np.inf):
+            return self.box_q
+        return self.q[int(np.argmin(self.nll))]
 
     def as_dict(self) -> dict:
         return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
                 "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
                 "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
-                "held": list(self.held)}
+                "held": list(self.held), "box_nll": self.box_nll, "box_q": list(self.box_q),
+                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "best_nll": self.best_nll, "best_q": list(self.best_q)}
 
 
 class StopRule(Protocol):
@@ -133,9 +164,9 @@ class RefinedAgreement:
     patience : checks the best must stay settled while the chains disagree
     bound_patience : checks the best must stay settled when it lies on a bound of a Uniform
         prior (:func:`pgpgm.bounds.bound_report`), whether the chains agree or not; None
-        (default): such an optimum never stops the chains early (they run the whole budget
-        unless it leaves the bound), and while it lies there the chains' means are refined
-        at growing intervals (``bound_growth``), not at every check
+        (default): such an optimum does not stop the chains early until the box search
+        (``box_starts``, ``box_release``) has found no better one, and while it lies there the
+        chains' means are refined at growing intervals (``bound_growth``), not at every check
     bound_growth : while the best lies on a bound (and ``bound_patience`` is None) or fits
         poorly (``fit_ratio``), the chains are refined again at the first check once they
         have run ``1 + bound_growth`` times as long as at the last refinement (default 0.5:
@@ -143,6 +174,21 @@ class RefinedAgreement:
     fit_ratio : the chains stop early only when every observed state's residual sd at the
         best refined optimum, sqrt(RSS_k / N_k), is at most ``fit_ratio`` times its noise
         level (:meth:`noise_level`); None switches the check off
+    box_starts : while the best optimum fits poorly (``fit_ratio``) or lies on a bound of a
+        Uniform prior, every refinement check also refines least squares from this many new
+        points per ``check_every`` iterations
+        run since the last refinement (at least one), spread over the Uniform priors' box
+        (a scrambled Sobol sequence seeded by ``seed``; the observed states' initial values at
+        the GPs' means); the best of them competes with the chains' optima. A chain held in a
+        wrong mode of the gradient-matching density for the whole budget (Lotka-Volterra, x1
+        observed, box (0, 40)) then still ends at the data's optimum. 0, or priors that are not
+        all Uniform, switch it off
+    box_release : an optimum held on a bound or by a poor fit may stop the chains (after
+        ``patience`` settled checks) once the box search has refined this many points without
+        finding a better one: chains and a multi-start agree that the data have no better
+        optimum in the box (an optimum that really lies on a bound; a model that fits the data
+        less well than a GP can, as on real data)
+    seed : seeds the box points
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
     earliest - follow the published cases: every chain's mean refined to the global optimum
@@ -165,6 +211,9 @@ class RefinedAgreement:
     bound_patience: int | None = None
     bound_growth: float = 0.5
     fit_ratio: float | None = 2.0
+    box_starts: float = 2.0
+    box_release: int = 20
+    seed: int = 0
     name: ClassVar[str] = "agree"
 
     def __post_init__(self):
@@ -174,6 +223,8 @@ class RefinedAgreement:
             raise DataError(f"tol > 0, bound_growth >= 0 and positive whole check_every, min_iterations, patience, "
                             f"bound_patience are required, got {self.tol}, {self.bound_growth}, {self.check_every}, "
                             f"{self.min_iterations}, {self.patience}, {self.bound_patience}")
+        if not (np.isfinite(self.box_starts) and self.box_starts >= 0):
+            raise DataError(f"box_starts must be a number >= 0, got {self.box_starts!r}")
         if self.fit_ratio is not None and not (np.isfinite(self.fit_ratio) and self.fit_ratio >= 1):
             raise DataError(f"fit_ratio must be a number >= 1 (residual sd over the GP's noise sd) or None, "
                             f"got {self.fit_ratio!r}")
@@ -206,47 +257,66 @@ class RefinedAgreement:
                        estimate_noise=self.estimate_noise, warn=False) for pr, c in zip(problems, checkpoints)]
         nll = tuple(float(r.nll) for r in refs)
         theta = tuple(tuple(float(v) for v in r.theta) for r in refs)
-        best = min(nll)
-        agree = bool(np.isfinite(best) and max(nll) - best <= self.tol)
-        # checks the best has stayed within tol of its current value (0: it dropped just now)
-        settled = 0 if previous is None else (previous.settled + 1 if min(previous.nll) - best <= self.tol else 0)
-        need = 1 if agree else self.patience
         i_best = int(np.argmin(nll))
-        at_bound = [f"{b.parameter} at its {b.side} bound {b.bound:g}" for b in
-                    bound_report(self.density.priors, theta[i_best])] if np.isfinite(best) else []
-        ratio = self.residual_ratio(problems[i_best], refs[i_best]) if np.isfinite(best) else np.full(
-            len(self.density.obs.states), np.inf)
+        chains_best = self._judge(problems[i_best], refs[i_best])
+        box = ((previous.box_nll, previous.box_q, np.asarray(previous.box_fit_ratio), previous.box_starts)
+               if previous is not None else (np.inf, (), np.array([]), 0))
+        judged = lambda b: (b[0], b[1], b[2], self._poor(b[2]))  # noqa: E731
+        P = self.density.system.n_parameters
+        best_now = chains_best if chains_best[0] <= box[0] else judged(box)
+        if (best_now[3] or self._at_bound(best_now[1][:P])) and self.box_starts > 0:
+            # the best fits poorly or lies on a bound: least squares from new points spread over the box too
+            since = it - (previous.refined_at if previous is not None else 0)
+            box = self._box_search(box, max(1, round(self.box_starts * since / self.check_every)))
+        from_chains = chains_best[0] <= box[0]
+        best_nll, best_q, ratio, poor = chains_best if from_chains else judged(box)
+        agree = bool(np.isfinite(min(nll)) and max(nll) - min(nll) <= self.tol and from_chains)
+        # checks the best has stayed within tol of its current value (0: it dropped just now)
+        settled = 0 if previous is None else (previous.settled + 1 if previous.best_nll - best_nll <= self.tol else 0)
+        need = 1 if agree else self.patience
+        at_bound = self._at_bound(best_q[:P]) if np.isfinite(best_nll) else []
+        searched = self.box_starts > 0 and self.box() is not None and box[3] >= self.box_release
         held = []
         if at_bound:
-            need = np.inf if self.bound_patience is None else max(need, self.bound_patience)
-            if self.bound_patience is None:
+            if self.bound_patience is not None:
+                need = max(need, self.bound_patience)
+            elif not searched:
+                need = np.inf
                 held.append(f"lies on a prior bound ({'; '.join(at_bound)})")
-        poor = [f"{s} {v:.3g}" for s, v in zip(self.density.obs.states, ratio)
-                if self.fit_ratio is not None and not v <= self.fit_ratio]
-        if poor:
+        if poor and not searched:
             need = np.inf
             held.append(f"fits the data worse than the GPs (residual sd / noise sd: {', '.join(poor)}; at most "
                         f"{self.fit_ratio:g} stops early)")
         bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
-            "the chains go on until it leaves the bound or to the whole budget" if self.bound_patience is None else
-            f"it must hold for {need * self.check_every} iterations")
+            f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
+            "the chains go on until it leaves the bound, the box search has refined "
+            f"{self.box_release} points or to the whole budget" if not searched else
+            f"it must hold for {need * self.check_every} iterations (the box search found no better optimum)")
         if poor:
             bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
-                           "chains go on until it fits or to the whole budget")
+                           + (f"chains go on until it fits, the box search has refined {self.box_release} points "
+                              "or to the whole budget" if not searched else
+                              f"best must hold for {need * self.check_every} iterations (the box search found no "
+                              "better optimum)"))
+        if box[3]:
+            bound_note += (f"; least squares from {box[3]} points spread over the prior box: best negative log "
+                           f"likelihood {box[0]:.6g}")
+        chains_note = ("the chains' means refine to " + (f"different optima ({_fmt(nll)})" if from_chains else
+                                                         f"{_fmt(nll)}, worse than the box search's"))
         if settled >= need:
             reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
                       f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
                       f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
                       "iterations before" if agree else
-                      f"the best refined optimum (negative log likelihood {best:.6g}) has not changed for "
-                      f"{settled * self.check_every} iterations; the chains' means refine to different optima "
-                      f"({_fmt(nll)})")
+                      f"the best refined optimum (negative log likelihood {best_nll:.6g}) has not changed for "
+                      f"{settled * self.check_every} iterations; " + chains_note)
         else:
-            reason = (f"the best refined negative log likelihood {best:.6g} is "
+            reason = (f"the best refined negative log likelihood {best_nll:.6g} is "
                       + ("the first" if previous is None else "new" if settled == 0 else "unchanged")
-                      + f" ({'chains agree' if agree else 'chains differ: ' + _fmt(nll)})")
+                      + f" ({'chains agree' if agree else chains_note})")
         return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
-                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held))
+                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held),
+                        float(box[0]), tuple(float(v) for v in box[1]), int(box[3]), tuple(float(v) for v in box[2]))
 
     def noise_level(self) -> np.ndarray:
         """(M,) the noise sd each observed state's residuals are judged against (state units):
@@ -262,6 +332,55 @@ class RefinedAgreement:
             return np.full(len(self.density.obs.states), np.inf)
         sd = np.where(ref.noise_estimated, ref.noise_sd, np.sqrt(problem.rss(ref.q) / problem.n_obs))
         return sd / self.noise_level()
+
+    def _judge(self, problem: LeastSquaresProblem, ref) -> tuple[float, tuple, np.ndarray, list[str]]:
+        """(nll, q, residual ratio (M,), the states that fit poorly) of one refinement."""
+        ratio = self.residual_ratio(problem, ref)
+        return float(ref.nll), tuple(ref.q), ratio, self._poor(ratio)
+
+    def _at_bound(self, theta) -> list[str]:
+        """The Uniform-prior bounds ``theta`` (P,) lies on, in words."""
+        return [f"{b.parameter} at its {b.side} bound {b.bound:g}" for b in bound_report(self.density.priors, theta)]
+
+    def _poor(self, ratio) -> list[str]:
+        """The observed states (with their ratios, in words) whose residual ratio exceeds ``fit_ratio``."""
+        return [f"{s} {v:.3g}" for s, v in zip(self.density.obs.states, ratio)
+                if self.fit_ratio is not None and not v <= self.fit_ratio]
+
+    def box(self) -> np.ndarray | None:
+        """(P + K, 2) the box the box search draws from (the parameters' Uniform priors, then the
+        unknown latent initial values'), or None when some prior is not a finite Uniform."""
+        d = self.density
+        if self.bounds is None:
+            return None
+        b0 = d.x0_priors.bounds if d.unknown_x0_idx else np.empty((0, 2))
+        if b0 is None:
+            return None
+        box = np.vstack([self.bounds, b0])
+        return box if np.all(np.isfinite(box)) else None
+
+    def _box_search(self, box: tuple, n: int) -> tuple:
+        """The box search's (best nll, its q, its residual ratio (M,), points used) after ``n``
+        more points (unchanged when :meth:`box` is None)."""
+        bounds = self.box()
+        if bounds is None:
+            return box
+        used = box[3]
+        unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=self.seed).random(used + n)[used:]
+        d = self.density
+        P, first = d.system.n_parameters, list(d.gp_posterior_means()[0])
+        for u in unit:
+            z = bounds[:, 0] + u * np.ptp(bounds, axis=1)  # parameters, then unknown latent initial values
+            problem = self.problem(np.asarray(d.initial_state(first, list(z[P:])), float))
+            # a short probe (most box points lie in basins that a full refinement would crawl through);
+            # one that beats the best so far is refined fully from where it stopped
+            r = refine(problem, np.concatenate([z[:P], problem.x0[list(problem.free_x0)]]), self.bounds,
+                       estimate_noise=self.estimate_noise, warn=False, max_nfev=_PROBE_NFEV, max_rounds=2)
+            if r.nll < box[0]:
+                r = refine(problem, r.q, self.bounds, estimate_noise=self.estimate_noise, warn=False)
+            if r.nll < box[0]:
+                box = (*self._judge(problem, r)[:3], used)
+        return (*box[:3], used + n)
 
 
 def _fmt(values) -> str:
