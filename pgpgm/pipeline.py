@@ -90,9 +90,12 @@ def fit(
     scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
     ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
     refined from the chains' running means has settled (checked at 100 iterations and every
-    50 after; one interval when every chain refines to it, two when they differ, never while
-    it lies on a Uniform prior's bound: :class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have
-    found the basin);
+    50 after; one interval when every chain refines to it, two when they differ) and fits the
+    data as well as the GPs do (residual sd at most twice the noise level of each observed
+    state) off the prior box's bounds; while it does not, least squares from points spread
+    over the prior box search beside the chains, and such an optimum stops the chains only
+    once 20 of those points found nothing better
+    (:class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have found the basin);
     ``"never"`` runs the whole budget ``tune + draws`` per chain (the published setting);
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
