@@ -165,7 +165,7 @@ def _same_fit(a, b) -> None:
         xr.testing.assert_equal(getattr(a, part), getattr(b, part))
     xr.testing.assert_equal(a.posterior, b.posterior)
     xr.testing.assert_equal(a.gradient_matching, b.gradient_matching)
-    assert a.estimates.attrs["refinement_cost"] == b.estimates.attrs["refinement_cost"]
+    assert a.nll == b.nll and a.estimates.attrs["refinement_nll"] == b.estimates.attrs["refinement_nll"]
 
 
 def test_workers_save_results_equal_to_a_serial_fit_and_record_failures(spec, datasets, client, tmp_path,

@@ -115,6 +115,9 @@ def test_bad_stop_settings(lv):
         pgpgm.fit(lv.system, data, c.observed, stop="soon", progressbar=False)
     with pytest.raises(DataError, match="check_every"):
         RefinedAgreement(density, density.integrator, check_every=0)
+    for bad in ({"box_starts": -1}, {"box_starts": np.inf}, {"box_release": 1.5}, {"box_release": -2}):
+        with pytest.raises(DataError, match="box_starts must be a number >= 0 and box_release"):
+            RefinedAgreement(density, density.integrator, **bad)
 
 
 # ---------------------------------------------------------------- early stopping finds the optimum
@@ -220,6 +223,13 @@ def test_an_optimum_on_a_prior_bound_does_not_stop_the_chains(lv):
     assert all("refined again at 250 iterations" in d.reason for d in held[2:3])
     assert [d.settled for d in held] == [0, 1, 1, 2, 2, 2, 3]
     assert min(held[0].nll) > min(wide[0].nll) + 1  # the bound costs likelihood: a worse optimum
+    # meanwhile least squares from points spread over the box (2 per 50 iterations run) finds no
+    # better optimum; at 600 iterations 24 points have: the chains stop there
+    assert [d.box_starts for d in held] == [4, 6, 6, 10, 10, 10, 16]
+    assert all(d.box_nll >= min(d.nll) - 1e-6 for d in held)
+    released = decisions(cut, iterations=(100, 150, 200, 250, 300, 350, 400, 450, 500, 550, 600))
+    assert [d.stop for d in released] == [False] * 10 + [True] and released[-1].box_starts == 24
+    assert "the box search found no better optimum" in released[-1].reason and not released[-1].held
     # a finite bound_patience lets such an optimum stop the chains after that many settled checks
     assert [d.stop for d in decisions(cut, bound_patience=2)] == [False, False, True]
     with pytest.raises(DataError, match="bound_patience"):

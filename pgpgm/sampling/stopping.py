@@ -131,7 +131,8 @@ class Decision:
                 "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
                 "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
                 "held": list(self.held), "box_nll": self.box_nll, "box_q": list(self.box_q),
-                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "best_nll": self.best_nll, "best_q": list(self.best_q)}
+                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "best_nll": self.best_nll,
+                "best_q": list(self.best_q)}
 
 
 class StopRule(Protocol):
@@ -176,8 +177,8 @@ class RefinedAgreement:
         level (:meth:`noise_level`); None switches the check off
     box_starts : while the best optimum fits poorly (``fit_ratio``) or lies on a bound of a
         Uniform prior, every refinement check also refines least squares from this many new
-        points per ``check_every`` iterations
-        run since the last refinement (at least one), spread over the Uniform priors' box
+        points per ``check_every`` iterations run since the last refinement (at least one),
+        spread over the Uniform priors' box
         (a scrambled Sobol sequence seeded by ``seed``; the observed states' initial values at
         the GPs' means); the best of them competes with the chains' optima. A chain held in a
         wrong mode of the gradient-matching density for the whole budget (Lotka-Volterra, x1
@@ -223,8 +224,10 @@ class RefinedAgreement:
             raise DataError(f"tol > 0, bound_growth >= 0 and positive whole check_every, min_iterations, patience, "
                             f"bound_patience are required, got {self.tol}, {self.bound_growth}, {self.check_every}, "
                             f"{self.min_iterations}, {self.patience}, {self.bound_patience}")
-        if not (np.isfinite(self.box_starts) and self.box_starts >= 0):
-            raise DataError(f"box_starts must be a number >= 0, got {self.box_starts!r}")
+        if not (np.isfinite(self.box_starts) and self.box_starts >= 0
+                and int(self.box_release) == self.box_release >= 0):
+            raise DataError(f"box_starts must be a number >= 0 and box_release a whole number >= 0, got "
+                            f"{self.box_starts!r}, {self.box_release!r}")
         if self.fit_ratio is not None and not (np.isfinite(self.fit_ratio) and self.fit_ratio >= 1):
             raise DataError(f"fit_ratio must be a number >= 1 (residual sd over the GP's noise sd) or None, "
                             f"got {self.fit_ratio!r}")
@@ -238,9 +241,9 @@ class RefinedAgreement:
                                    free_x0=free)
 
     def next_refinement(self, refined_at: int) -> int:
-        """The first check at which chains held at a prior bound are refined again after a
-        refinement at ``refined_at``: the first on the check grid once they have run half as
-        long again."""
+        """The first check at which held chains (an optimum on a prior bound or fitting poorly)
+        are refined again after a refinement at ``refined_at``: the first on the check grid once
+        they have run ``bound_growth`` as long again."""
         due = refined_at + max(self.check_every, int(np.ceil(self.bound_growth * refined_at)))
         return self.min_iterations + -(-(due - self.min_iterations) // self.check_every) * self.check_every
 
@@ -249,7 +252,7 @@ class RefinedAgreement:
         if previous is not None and previous.held and it < self.next_refinement(previous.refined_at):
             # held (on a bound, or a poor fit), which never stops the chains: look again once they have run longer
             return replace(previous, iteration=it, stop=False, reason=(
-                f"not refined here: the best refined optimum (negative log likelihood {min(previous.nll):.6g}, "
+                f"not refined here: the best refined optimum (negative log likelihood {previous.best_nll:.6g}, "
                 f"at {previous.refined_at} iterations) {'; '.join(previous.held)}; "
                 f"the chains go on and are refined again at {self.next_refinement(previous.refined_at)} iterations"))
         problems = [self.problem(c.x0) for c in checkpoints]
@@ -268,8 +271,8 @@ class RefinedAgreement:
             # the best fits poorly or lies on a bound: least squares from new points spread over the box too
             since = it - (previous.refined_at if previous is not None else 0)
             box = self._box_search(box, max(1, round(self.box_starts * since / self.check_every)))
-        from_chains = chains_best[0] <= box[0]
-        best_nll, best_q, ratio, poor = chains_best if from_chains else judged(box)
+        best_nll, best_q, ratio, poor = chains_best if chains_best[0] <= box[0] else judged(box)
+        from_chains = chains_best[0] <= box[0] + self.tol  # the chains reach the best (within tol)
         agree = bool(np.isfinite(min(nll)) and max(nll) - min(nll) <= self.tol and from_chains)
         # checks the best has stayed within tol of its current value (0: it dropped just now)
         settled = 0 if previous is None else (previous.settled + 1 if previous.best_nll - best_nll <= self.tol else 0)
