@@ -369,7 +369,9 @@ class RefinedAgreement:
         if bounds is None:
             return box
         used = box[3]
-        unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=self.seed).random(used + n)[used:]
+        # the sequence's first 2^m points (a power of two keeps Sobol's balance), of which these are the next n
+        m = int(np.ceil(np.log2(used + n)))
+        unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=self.seed).random_base2(m)[used:used + n]
         d = self.density
         P, first = d.system.n_parameters, list(d.gp_posterior_means()[0])
         for u in unit:
