@@ -38,6 +38,7 @@ import pandas as pd
 from .errors import DataError, PgpgmError, ResultFileError
 from .ode.spec import ModelSpec, load_model
 from .ode.system import ODESystem
+from .result import check_replaceable
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _TIDY = ("time", "state", "value")
@@ -286,13 +287,16 @@ def fit_and_save(job: FitJob, out_dir: str | Path, fit_defaults: Mapping[str, An
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, flush it to disk and rename it
-    over ``path`` (readers see the old file or the whole new one)."""
+    over ``path`` (readers see the old file or the whole new one); anything there but a regular
+    file is refused (:func:`pgpgm.result.check_replaceable`)."""
+    check_replaceable(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        check_replaceable(path)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
