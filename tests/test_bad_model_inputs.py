@@ -7,10 +7,12 @@ stderr). A property-based test feeds random expression strings to the parser.
 """
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import sympy as sp
 from hypothesis import HealthCheck, given, settings
@@ -121,6 +123,36 @@ def test_bad_names(make, fragment):
     with pytest.raises(ModelDefinitionError, match=None) as info:
         make()
     assert fragment in str(info.value)
+
+
+# ------------------------------------------------------------------ ODESystem.from_function
+# (id, rhs(t, y, p), fragments); issue 33: raw TypeErrors before
+FUNCTION_CASES = [
+    ("math.exp", lambda t, y, p: [math.exp(-p.k) * y.x], ["rhs(t, y, p) failed with TypeError",
+                                                            "use sympy functions (sympy.exp, sympy.sin, ...)"]),
+    ("numpy.exp", lambda t, y, p: [np.exp(-p.k * y.x)], ["rhs(t, y, p) failed with TypeError",
+                                                          "not math or numpy ones"]),
+    ("numpy.sin of a state", lambda t, y, p: [np.sin(y.x)], ["failed with TypeError", "use sympy functions"]),
+    ("returns None", lambda t, y, p: None, ["rhs(t, y, p) returned None; it must return a list of 1 expressions",
+                                             "is a 'return' missing?"]),
+    ("returns one expression", lambda t, y, p: -p.k * y.x, ["returned Mul '-k*x'; it must return a list of 1"]),
+    ("returns a number", lambda t, y, p: 3.0, ["returned float '3.0'; it must return a list"]),
+    ("unknown state", lambda t, y, p: [-p.k * y.z], ["failed with AttributeError", "y has the states ['x']"]),
+    ("a NaN", lambda t, y, p: [np.float64(np.nan) * y.x], ["NaN is not part of the equation language"]),
+]
+
+
+@pytest.mark.parametrize(("rhs", "fragments"), [c[1:] for c in FUNCTION_CASES], ids=[c[0] for c in FUNCTION_CASES])
+def test_bad_rhs_functions(rhs, fragments):
+    with pytest.raises(ModelDefinitionError) as info:
+        ODESystem.from_function(rhs, ["x"], ["k"])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_a_good_rhs_function_with_sympy_functions():
+    s = ODESystem.from_function(lambda t, y, p: [sp.exp(-p.k) * y.x], ["x"], ["k"])
+    assert s.rhs(0.0, [2.0], [0.5])[0] == pytest.approx(2.0 * math.exp(-0.5), rel=1e-15)
 
 
 # ------------------------------------------------------------------ model files
@@ -353,7 +385,6 @@ LITERALS = [
 def _tiny_result(system):
     """A FitResult with ``system`` and empty parts (enough to save and load the system)."""
     import arviz as az
-    import numpy as np
     import xarray as xr
 
     post = az.from_dict({"posterior": {"k": np.zeros((1, 2))}})
@@ -362,7 +393,6 @@ def _tiny_result(system):
 
 @pytest.mark.parametrize(("literal", "value"), LITERALS, ids=[lit for lit, _ in LITERALS])
 def test_a_long_literal_is_one_number_in_the_kernels_the_density_and_the_saved_file(literal, value, tmp_path):
-    import numpy as np
     import pytensor
     import pytensor.tensor as pt
 
