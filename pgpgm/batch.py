@@ -38,6 +38,7 @@ import pandas as pd
 from .errors import DataError, PgpgmError, ResultFileError
 from .ode.spec import ModelSpec, load_model
 from .ode.system import ODESystem
+from .processes import main_module_hidden
 from .result import check_replaceable
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
@@ -568,7 +569,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
 
         n = n_workers or os.cpu_count() or 1
         settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS} | _QUIET
-        with dask.config.set(settings), distributed.LocalCluster(
+        with main_module_hidden(), dask.config.set(settings), distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as c:
             yield c
@@ -576,6 +577,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
 
 _BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _QUIET = {  # dask settings of fit_many's own LocalCluster (see _cluster_client)
+    "distributed.worker.multiprocessing-method": "spawn",  # never fork a threaded process (pgpgm.processes)
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1s",
     "distributed.admin.system-monitor.interval": "2s",
