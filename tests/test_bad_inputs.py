@@ -101,6 +101,16 @@ DATA_CASES = [
     ("observed: empty list", _with(), [], DataError, "no observed state"),
     ("observed: repeated", _with(), ["x2", "x2"], DataError, "repeated"),
     ("observed: a number", _with(), 3, DataError, "must be a state name or a list"),
+    ("values of scale 1e200", _with(x2=Y * 1e200), ["x2"], DataError,
+     "values of observed state x2 reach 4.3e+200; pgpgm computes with their squares in 64-bit floats, which overflow "
+     "beyond about 1e154: rescale them (e.g. divide by 1e+201"),
+    ("values of scale 1e300", _with(x2=Y * 1e300), ["x2"], DataError, "values of observed state x2 reach 4.3e+300"),
+    ("values of scale 1e-300", _with(x2=Y * 1e-300), ["x2"], DataError,
+     "values of observed state x2 vary by only 3.63e-300; pgpgm computes with squares of their differences"),
+    ("times up to 2e300", _with(time=T * 1e300), ["x2"], DataError,
+     "the 'time' column reach 2e+300; pgpgm computes with their squares"),
+    ("times within 1e-120", _with(time=T * 1e-120), ["x2"], DataError,
+     "the 'time' column vary by only 2e-120; pgpgm computes with squares of their differences"),
     ("observed: list of numbers", _with(), [1], DataError, "must be state names (text)"),
 ]
 
@@ -159,6 +169,8 @@ def test_good_x0(lv):
 
 
 NOISE_CASES = [(-0.1, "positive"), (0.0, "positive"), (np.nan, "positive"), (np.inf, "positive"),
+               (1e200, "noise_sd 1e+200 is outside [1e-100, 1e+100]; pgpgm computes with noise variances"),
+               ([0.1, 1e-200], "noise_sd [0.1, 1e-200] is outside [1e-100, 1e+100]"),
                ([0.1, 0.2, 0.3], "one number or 2"), ("x", "noise_sd must be numbers"), (np.ones((2, 1)), "shape")]
 
 
@@ -185,6 +197,10 @@ def test_bad_counts(value, fragment):
 FIT_CASES = [
     ("negative noise_sd", {"noise_sd": -0.1}, DataError, "noise_sd must be positive"),
     ("NaN noise_sd", {"noise_sd": np.nan}, DataError, "noise_sd must be positive"),
+    ("noise_sd 1e200", {"noise_sd": 1e200}, DataError, "noise_sd 1e+200 is outside [1e-100, 1e+100]"),
+    ("data of scale 1e250", {"data": _with(x2=Y * 1e250)}, DataError, "values of observed state x2 reach"),
+    ("data of scale 1e-300", {"data": _with(x2=Y * 1e-300)}, DataError, "values of observed state x2 vary by only"),
+    ("times up to 2e300", {"data": _with(time=T * 1e300)}, DataError, "the 'time' column reach 2e+300"),
     ("gamma inf", {"gamma": np.inf}, DataError, "gamma must be one finite, non-negative number"),
     ("gamma negative", {"gamma": -1.0}, DataError, "gamma"),
     ("gamma text", {"gamma": "big"}, DataError, "gamma must be numbers"),
