@@ -1,8 +1,9 @@
 """What starting step 4's NUTS chain processes without fork costs: one ``pm.sample`` call (a NUTS
 round) of the Lotka-Volterra step-4 model (both states observed, 8 free variables), 2 chains in
-2 processes, with the processes started by "fork" (PyMC's default on Linux before) and by
-pgpgm's :func:`pgpgm.processes.chain_context` ("spawn"), alternating, in one process; the
-compiled graph is in the disk caches (a first call of each is not counted).
+2 processes, with the processes started by "fork" (PyMC's default on Linux before), by "spawn"
+and by pgpgm's :func:`pgpgm.processes.chain_context` (a fork server with pgpgm loaded),
+alternating, in one process; the compiled graph is in the disk caches (a first call of each is
+not counted).
 
     python benchmarks/process_start.py --repeats 5 --draws 50
 """
@@ -38,19 +39,21 @@ def main(argv=None) -> int:
     model, _ = build_ode_model(spec.system, obs, x0=[5.0, 3.0], priors=Priors.from_user(spec.system.parameters, None),
                                noise_sd=None, noise_center=[0.1, 0.1])
     start = {"theta1": 2.0, "theta2": 1.0, "theta3": 4.0, "theta4": 1.0}
-    contexts = {"fork": multiprocessing.get_context("fork"), START_METHOD: chain_context()}
+    contexts = {"fork": multiprocessing.get_context("fork"), "spawn": multiprocessing.get_context("spawn"),
+                START_METHOD: chain_context()}
     times: dict[str, list[float]] = {k: [] for k in contexts}
     for rep in range(a.repeats + 1):
         for label, ctx in contexts.items():
             t0 = time.perf_counter()
-            sample_in_processes(pm.sample, model=model, draws=a.draws, tune=a.draws, chains=2, cores=2, mp_ctx=ctx,
+            sample_in_processes(pm.sample, model=model, nuts_sampler="pymc", draws=a.draws, tune=a.draws, chains=2, cores=2, mp_ctx=ctx,
                                 progressbar=False, compute_convergence_checks=False, random_seed=rep, initvals=start)
             if rep:  # the first call of each compiles or loads the graph
                 times[label].append(time.perf_counter() - t0)
-    fork, new = statistics.median(times["fork"]), statistics.median(times[START_METHOD])
+    fork = statistics.median(times["fork"])
     for label, ts in times.items():
-        print(f"{label:6s}: median {statistics.median(ts):.2f} s per pm.sample call  ({', '.join(f'{x:.2f}' for x in ts)})")
-    print(f"{START_METHOD} - fork: {new - fork:+.2f} s per call, ratio {new / fork:.2f}")
+        med = statistics.median(ts)
+        print(f"{label:10s}: median {med:.2f} s per pm.sample call, {med - fork:+.2f} s and {med / fork:.2f}x against "
+              f"fork  ({', '.join(f'{x:.2f}' for x in ts)})")
     return 0
 
 

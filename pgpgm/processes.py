@@ -4,12 +4,13 @@ A process that has imported numpy, pandas or PyMC runs threads (OpenBLAS's pool,
 a caller's own), and ``fork()`` copies only the forking thread: a lock another thread held
 stays locked in the child, which can then deadlock (Python warns: "This process is
 multi-threaded, use of fork() may lead to deadlocks in the child"). pgpgm's worker processes
-therefore start as fresh interpreters:
+therefore never fork the calling process:
 
 - step 2's chains (:mod:`pgpgm.sampling.driver`): ``python -m pgpgm.sampling.worker`` through
   :mod:`subprocess` (fork and exec at once, nothing of the parent runs in the child);
 - step 4's NUTS chains: ``pm.sample`` with the :mod:`multiprocessing` context of
-  :func:`chain_context` (:data:`START_METHOD`), through :func:`sample_in_processes`;
+  :func:`chain_context` (:data:`START_METHOD`: forks of a single-threaded server process that
+  has pgpgm loaded), through :func:`sample_in_processes`;
 - :func:`pgpgm.batch.fit_many`'s ``LocalCluster`` workers: dask's "spawn", also without
   running the caller's script again (:func:`main_module_hidden` while the cluster runs).
 
@@ -24,22 +25,64 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from typing import TypeVar
 
 R = TypeVar("R")
 
-#: how step 4's chain processes start: "spawn" (a fresh interpreter per chain). "fork" can
-#: deadlock in a threaded process; "forkserver" forks from a server process that, once it
-#: has imported pymc (pandas' pyarrow starts a thread), is threaded itself.
-START_METHOD = "spawn"
+#: how step 4's chain processes start: "forkserver" where the platform has it (a fork of a
+#: single-threaded server process that has pgpgm's step 4 imported: :func:`chain_context`),
+#: else "spawn" (a fresh interpreter per chain). Never "fork": a fork of a threaded process can
+#: deadlock.
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+#: modules the fork server imports once, so that a chain process starts with them loaded
+SERVER_PRELOAD = ("pgpgm.posterior",)
+
+#: the fork server's environment on top of this process's: no thread may run in it (a fork of a
+#: threaded process is what this module avoids) - one BLAS/OpenMP thread, and no background
+#: thread in the jemalloc of pyarrow (which pandas imports)
+SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                      "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+
+_SERVER_LOCK = threading.Lock()
 
 
 def chain_context() -> multiprocessing.context.BaseContext:
-    """The :mod:`multiprocessing` context of step 4's chain processes (:data:`START_METHOD`)."""
-    return multiprocessing.get_context(START_METHOD)
+    """The :mod:`multiprocessing` context of step 4's chain processes (:data:`START_METHOD`).
+
+    With "forkserver", the server is started here on first use (unless this process runs one
+    already) with :data:`SERVER_PRELOAD` imported and :data:`SERVER_ENVIRONMENT`, so a chain
+    process is a fork of a process with one thread that has PyMC and pgpgm loaded: it only
+    unpickles its step method (~1 s) where a spawned one imports them first (~3 s more).
+    """
+    ctx = multiprocessing.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        with _SERVER_LOCK:
+            ctx.set_forkserver_preload(list(SERVER_PRELOAD))
+            with _environment(SERVER_ENVIRONMENT):
+                forkserver.ensure_running()  # a no-op while the server runs
+    return ctx
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` while open (for a process started meanwhile)."""
+    old = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -81,7 +124,10 @@ def sample_in_processes(sample: Callable[..., R], **kwargs) -> R:
     **kwargs : its arguments; ``chains`` and ``cores`` are required here, ``mp_ctx`` and
         ``blas_cores`` default as above.
     """
-    kwargs.setdefault("mp_ctx", chain_context())
-    kwargs.setdefault("blas_cores", max(1, min(int(kwargs["cores"]), int(kwargs["chains"]))))
+    parallel = min(int(kwargs["cores"]), int(kwargs["chains"]))
+    # one process (cores=1): no chain process starts, no fork server is needed; any context but
+    # fork makes PyMC limit this process's BLAS threads while it samples
+    kwargs.setdefault("mp_ctx", chain_context() if parallel > 1 else multiprocessing.get_context("spawn"))
+    kwargs.setdefault("blas_cores", max(1, parallel))
     with main_module_hidden():
         return sample(**kwargs)
