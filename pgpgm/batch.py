@@ -38,6 +38,8 @@ import pandas as pd
 from .errors import DataError, PgpgmError, ResultFileError
 from .ode.spec import ModelSpec, load_model
 from .ode.system import ODESystem
+from .processes import main_module_hidden
+from .result import check_replaceable
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _TIDY = ("time", "state", "value")
@@ -286,13 +288,16 @@ def fit_and_save(job: FitJob, out_dir: str | Path, fit_defaults: Mapping[str, An
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, flush it to disk and rename it
-    over ``path`` (readers see the old file or the whole new one)."""
+    over ``path`` (readers see the old file or the whole new one); anything there but a regular
+    file is refused (:func:`pgpgm.result.check_replaceable`)."""
+    check_replaceable(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        check_replaceable(path)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -566,7 +571,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
 
         n = n_workers or os.cpu_count() or 1
         settings = {f"distributed.nanny.pre-spawn-environ.{v}": 1 for v in _BLAS_THREADS} | _QUIET
-        with dask.config.set(settings), distributed.LocalCluster(
+        with main_module_hidden(), dask.config.set(settings), distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as c:
             yield c
@@ -574,6 +579,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
 
 _BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _QUIET = {  # dask settings of fit_many's own LocalCluster (see _cluster_client)
+    "distributed.worker.multiprocessing-method": "spawn",  # never fork a threaded process (pgpgm.processes)
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1s",
     "distributed.admin.system-monitor.interval": "2s",

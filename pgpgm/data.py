@@ -24,6 +24,42 @@ if TYPE_CHECKING:
 
 _SHOW = 5  # rows quoted in a message
 
+#: The magnitudes of times, measurements and noise sds that pgpgm's 64-bit arithmetic handles:
+#: it squares them (variances, kernel distances), and the squares of numbers outside this range
+#: overflow (beyond about 1e154) or lose every digit (below about 1e-154).
+MAGNITUDES = (1e-100, 1e100)
+
+
+def _power_of_ten(x: float) -> str:
+    return f"1e{int(np.round(np.log10(x))):+d}"
+
+
+def check_magnitude(values: np.ndarray, name: str, *, spread: bool = True) -> None:
+    """Raise :class:`DataError` unless the finite ``values`` lie within :data:`MAGNITUDES`: their
+    largest magnitude at most 1e100 and, with ``spread``, their range (max - min) at least 1e-100
+    when it is not 0 (a constant series is refused elsewhere, with its own message).
+
+    Parameters
+    ----------
+    values : any shape (NaN ignored); name : how the input is named in the message
+    """
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return
+    low, high = MAGNITUDES
+    top = float(np.max(np.abs(v)))
+    if top > high:
+        raise DataError(f"{name} reach {top:.3g}; pgpgm computes with their squares in 64-bit floats, which overflow "
+                        f"beyond about 1e154: rescale them (e.g. divide by {_power_of_ten(top)}, i.e. use other units) "
+                        f"so that they lie within {high:g} in magnitude, and the model's parameters with them")
+    width = float(np.max(v) - np.min(v))
+    if spread and 0.0 < width < low:
+        raise DataError(f"{name} vary by only {width:.3g}; pgpgm computes with squares of their differences in 64-bit "
+                        f"floats, which lose every digit below about 1e-154: rescale them (e.g. multiply by "
+                        f"{_power_of_ten(1.0 / width)}, i.e. use other units) so that they vary by at least {low:g}, "
+                        "and the model's parameters with them")
+
 
 def _rows(mask: np.ndarray) -> str:
     """The first few positions where ``mask`` is True, as text."""
@@ -114,6 +150,7 @@ def check_times(times, *, min_points: int = 2, name: str = "times") -> np.ndarra
     bad = ~np.isfinite(t)
     if bad.any():
         raise DataError(f"{name} contain NaN or inf (rows {_rows(bad)}); remove those rows")
+    check_magnitude(t, name)
     d = np.diff(t)
     if np.any(d == 0):
         raise DataError(f"{name} contain duplicates (at t = {t[1:][d == 0][:3].tolist()}); "
@@ -354,6 +391,7 @@ def as_observations(data, observed: Sequence[str] | str | None, system: ODESyste
         if n < 3:
             raise DataError(f"observed state {s} has {n} measurement(s); each observed state needs at least 3 "
                             "(measure it more often, or leave it out of observed)")
+        check_magnitude(v, what)
         cols.append(v)
     values = np.column_stack(cols)
     # times where no observed state is measured are dropped, except the table's first time: the
@@ -472,6 +510,11 @@ def noise_levels(noise_sd, M: int) -> np.ndarray:
     if np.any(~np.isfinite(nsd)) or np.any(nsd <= 0):
         raise DataError(f"noise_sd must be positive and finite, got {np.asarray(noise_sd).tolist()}; "
                         "omit it to estimate the noise")
+    low, high = MAGNITUDES
+    if np.any(nsd > high) or np.any(nsd < low):
+        raise DataError(f"noise_sd {np.asarray(noise_sd, float).tolist()} is outside [{low:g}, {high:g}]; pgpgm computes with noise variances in "
+                        "64-bit floats, which overflow or lose every digit there: rescale the data and noise_sd "
+                        "together (other units), or omit noise_sd to estimate the noise")
     return nsd
 
 

@@ -25,17 +25,18 @@ def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:
     """
     names = list(var_names)
     post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
-    rhat = arviz_stats.rhat(tree, var_names=names)
-    bulk = arviz_stats.ess(tree, var_names=names, method="bulk")
-    tail = arviz_stats.ess(tree, var_names=names, method="tail")
     div = 0
     if "sample_stats" in tree.children and "diverging" in tree["sample_stats"].data_vars:
         div = int(np.asarray(tree["sample_stats"]["diverging"]).sum())
+    values = {"rhat": [], "ess_bulk": [], "ess_tail": []}  # empty without variables (a fit with no free parameter)
+    if names:
+        values = {"rhat": arviz_stats.rhat(tree, var_names=names),
+                  "ess_bulk": arviz_stats.ess(tree, var_names=names, method="bulk"),
+                  "ess_tail": arviz_stats.ess(tree, var_names=names, method="tail")}
+        values = {k: [float(v[n]) for n in names] for k, v in values.items()}
     return xr.Dataset(
-        {"rhat": ("variable", [float(rhat[n]) for n in names]),
-         "ess_bulk": ("variable", [float(bulk[n]) for n in names]),
-         "ess_tail": ("variable", [float(tail[n]) for n in names])},
-        coords={"variable": names},
+        {k: ("variable", np.asarray(v, float)) for k, v in values.items()},
+        coords={"variable": np.asarray(names, dtype=str)},
         attrs={"divergences": div, "chains": int(post.sizes["chain"]), "draws": int(post.sizes["draw"])},
     )
 

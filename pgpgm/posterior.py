@@ -32,6 +32,7 @@ from .diagnostics import ESS_MIN, diagnose, problems
 from .errors import DataError
 from .ode.system import ODESystem
 from .priors import PriorSpec, Priors
+from .processes import sample_in_processes
 from .solve import Integrator, Solver
 from .solve.op import ODEOp
 
@@ -378,12 +379,12 @@ def sample_posterior(
                   compute_convergence_checks=False, model=model)
     if nuts_sampler == "nutpie":
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
-        return pm.sample(nuts_sampler="nutpie", initvals=start,
-                         nuts_sampler_kwargs={"target_accept": target_accept}, **common)
+        return sample_in_processes(pm.sample, nuts_sampler="nutpie", initvals=start,
+                                   nuts_sampler_kwargs={"target_accept": target_accept}, **common)
     starts = dispersed_starts(space, center, sd, chains, rng)
     step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
                    target_accept=target_accept)
-    tree = pm.sample(step=step, initvals=starts, **common)
+    tree = sample_in_processes(pm.sample, step=step, initvals=starts, **common)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
     rounds, reasons, round_draws, kept = 1, [], [draws], [1]
     evaluations = [_gradient_evaluations(tree)]
@@ -402,9 +403,9 @@ def sample_posterior(
         target_accept = 1.0 - (1.0 - target_accept) / 2
         step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
                        target_accept=target_accept)
-        more = pm.sample(step=step, initvals=starts,
-                         **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
-                            "random_seed": None if seed is None else seed + 1000 * rounds})
+        more = sample_in_processes(pm.sample, step=step, initvals=starts,
+                                   **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
+                                      "random_seed": None if seed is None else seed + 1000 * rounds})
         evaluations.append(_gradient_evaluations(more))
         tree = extend_chains(tree, more) if carry else more
         kept = [*kept, rounds + 1] if carry else [rounds + 1]

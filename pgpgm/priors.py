@@ -52,7 +52,10 @@ class Priors:
         for p in parameters:
             spec = priors.get(p)
             spec = DEFAULT_BOUNDS if spec is None else spec
-            if not callable(spec):
+            if callable(spec):  # tried once in a model of its own: a bad callable is named before any fit
+                with pm.Model(model=None):
+                    prior_variable(p, spec)
+            else:
                 try:
                     lo, hi = (float(v) for v in spec)
                 except (TypeError, ValueError):
@@ -78,10 +81,32 @@ class Priors:
         """
         if not self.names:
             return pt.zeros(0)
-        return pt.stack([s(n) if callable(s) else
+        return pt.stack([prior_variable(n, s) if callable(s) else
                          pm.Uniform(n, lower=np.float64(s[0]), upper=np.float64(s[1]),  # else float32 terms
                                     **({"default_transform": SoftLogTransform(s[1])} if n in log_scale else {}))
                          for n, s in zip(self.names, self.specs)])
+
+
+def prior_variable(name: str, spec: Callable[[str], pt.TensorVariable]) -> pt.TensorVariable:
+    """``spec(name)`` in the current PyMC model, checked: one scalar PyTensor variable.
+
+    Raises
+    ------
+    DataError : the callable fails or returns something else (None, a number, a vector), naming
+        the parameter.
+    """
+    example = "e.g. lambda name: pm.LogNormal(name, 0.0, 1.0)"
+    try:
+        value = spec(name)
+    except Exception as exc:
+        raise DataError(f"the prior callable of {name} failed ({type(exc).__name__}: {exc}); it is called with the "
+                        f"variable's name and must create and return one PyMC variable, {example}") from exc
+    if not isinstance(value, pt.TensorVariable) or value.type.ndim != 0:
+        got = (f"a variable of shape {value.type.shape}" if isinstance(value, pt.TensorVariable)
+               else f"{type(value).__name__} {value!r:.60}")
+        raise DataError(f"the prior callable of {name} returned {got}; it must create and return one scalar PyMC "
+                        f"variable named by its argument, {example}")
+    return value
 
 
 #: sharpness p of :class:`SoftLogTransform` (p = 1 is the log-odds of the box, p -> inf the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -187,12 +188,12 @@ class FitResult:
 
         Raises
         ------
-        ResultFileError : ``path`` is a folder or its folder does not exist.
+        ResultFileError : ``path`` is a folder or anything else that is not a regular file
+            (a device such as ``/dev/full``, a FIFO, a socket, a symbolic link: the rename
+            would replace it), or its folder does not exist. Nothing is written then.
         """
         path = Path(path)
-        if path.is_dir():
-            raise ResultFileError(f"cannot save the result to {path}: it is a folder; give a file name such as "
-                                  f"{path / 'result.nc'}")
+        check_replaceable(path, "the result")
         if not path.parent.is_dir():
             raise ResultFileError(f"cannot save the result to {path}: the folder {path.parent} does not exist; "
                                   "create it first")
@@ -210,12 +211,40 @@ class FitResult:
                                       f"({exc}); any earlier file at {path} is untouched") from exc
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            check_replaceable(path, "the result")  # again: something may have appeared there meanwhile
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         _fsync_folder(path.parent)
         return path
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def check_replaceable(path: Path, what: str = "the file") -> None:
+    """Raise :class:`ResultFileError` unless ``path`` is missing or a regular file: a save writes
+    a temporary file and renames it over ``path``, which would replace a folder, a device node
+    (``/dev/full``: run as root, the node itself is destroyed), a FIFO, a socket or a symbolic
+    link (the link, not its target) silently."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ResultFileError(f"cannot save {what} to {path}: {exc.strerror or exc}") from exc
+    if stat.S_ISDIR(mode):
+        raise ResultFileError(f"cannot save {what} to {path}: it is a folder; give a file name such as "
+                              f"{path / 'result.nc'}")
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    hint = (f" (to {os.path.realpath(path)}); save to the target itself or remove the link" if stat.S_ISLNK(mode)
+            else "; give the path of a regular file, or of a new one")
+    raise ResultFileError(f"cannot save {what} to {path}: it is {kind}, not a regular file, and saving would "
+                          f"replace it{hint}")
 
 
 CHECKSUM_ATTR = "pgpgm_sha256"

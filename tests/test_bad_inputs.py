@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pandas as pd
+import pymc as pm
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -100,6 +101,16 @@ DATA_CASES = [
     ("observed: empty list", _with(), [], DataError, "no observed state"),
     ("observed: repeated", _with(), ["x2", "x2"], DataError, "repeated"),
     ("observed: a number", _with(), 3, DataError, "must be a state name or a list"),
+    ("values of scale 1e200", _with(x2=Y * 1e200), ["x2"], DataError,
+     "values of observed state x2 reach 4.3e+200; pgpgm computes with their squares in 64-bit floats, which overflow "
+     "beyond about 1e154: rescale them (e.g. divide by 1e+201"),
+    ("values of scale 1e300", _with(x2=Y * 1e300), ["x2"], DataError, "values of observed state x2 reach 4.3e+300"),
+    ("values of scale 1e-300", _with(x2=Y * 1e-300), ["x2"], DataError,
+     "values of observed state x2 vary by only 3.63e-300; pgpgm computes with squares of their differences"),
+    ("times up to 2e300", _with(time=T * 1e300), ["x2"], DataError,
+     "the 'time' column reach 2e+300; pgpgm computes with their squares"),
+    ("times within 1e-120", _with(time=T * 1e-120), ["x2"], DataError,
+     "the 'time' column vary by only 2e-120; pgpgm computes with squares of their differences"),
     ("observed: list of numbers", _with(), [1], DataError, "must be state names (text)"),
 ]
 
@@ -158,6 +169,8 @@ def test_good_x0(lv):
 
 
 NOISE_CASES = [(-0.1, "positive"), (0.0, "positive"), (np.nan, "positive"), (np.inf, "positive"),
+               (1e200, "noise_sd 1e+200 is outside [1e-100, 1e+100]; pgpgm computes with noise variances"),
+               ([0.1, 1e-200], "noise_sd [0.1, 1e-200] is outside [1e-100, 1e+100]"),
                ([0.1, 0.2, 0.3], "one number or 2"), ("x", "noise_sd must be numbers"), (np.ones((2, 1)), "shape")]
 
 
@@ -184,6 +197,10 @@ def test_bad_counts(value, fragment):
 FIT_CASES = [
     ("negative noise_sd", {"noise_sd": -0.1}, DataError, "noise_sd must be positive"),
     ("NaN noise_sd", {"noise_sd": np.nan}, DataError, "noise_sd must be positive"),
+    ("noise_sd 1e200", {"noise_sd": 1e200}, DataError, "noise_sd 1e+200 is outside [1e-100, 1e+100]"),
+    ("data of scale 1e250", {"data": _with(x2=Y * 1e250)}, DataError, "values of observed state x2 reach"),
+    ("data of scale 1e-300", {"data": _with(x2=Y * 1e-300)}, DataError, "values of observed state x2 vary by only"),
+    ("times up to 2e300", {"data": _with(time=T * 1e300)}, DataError, "the 'time' column reach 2e+300"),
     ("gamma inf", {"gamma": np.inf}, DataError, "gamma must be one finite, non-negative number"),
     ("gamma negative", {"gamma": -1.0}, DataError, "gamma"),
     ("gamma text", {"gamma": "big"}, DataError, "gamma must be numbers"),
@@ -204,6 +221,16 @@ FIT_CASES = [
     ("priors infinite", {"priors": (0.0, np.inf)}, DataError, "finite"),
     ("priors unknown parameter", {"priors": {"zeta": (0, 1)}}, DataError, "unknown parameters ['zeta']"),
     ("priors of one number", {"priors": {"theta1": 3.0}}, DataError, "prior of theta1 must be"),
+    ("prior callable returns None", {"priors": {"theta1": lambda name: None}}, DataError,
+     "the prior callable of theta1 returned NoneType None; it must create and return one scalar PyMC variable"),
+    ("prior callable returns a number", {"priors": {"theta2": lambda name: 3.0}}, DataError,
+     "the prior callable of theta2 returned float 3.0"),
+    ("prior callable returns a vector", {"priors": {"theta1": lambda name: pm.Normal(name, shape=2)}}, DataError,
+     "the prior callable of theta1 returned a variable of shape (2,)"),
+    ("prior callable without the name", {"priors": lambda: pm.Normal("a")}, DataError,
+     "the prior callable of theta1 failed (TypeError"),
+    ("one prior callable for all returns None", {"priors": lambda name: None}, DataError,
+     "the prior callable of theta1 returned NoneType None"),
     ("x0 wrong length", {"x0": [1.0]}, DataError, "x0 must have 2 values"),
     ("x0 NaN for the latent state", {"x0": {"x1": np.nan}}, DataError, "latent states ['x1']"),
     ("true_theta wrong length", {"true_theta": [1.0]}, DataError, "true_theta must be 4 finite numbers"),
@@ -366,3 +393,33 @@ def test_random_data_give_a_pgpgm_error_or_a_valid_density(lv, data, observed):
     assert N == d.obs.times.size >= 3 and M == len(d.obs.states) >= 1
     assert np.all(np.isfinite(d.obs.values)) and np.all(np.diff(d.obs.times) > 0)
     assert all(k.grad_precision.shape == (N, N) and np.all(np.isfinite(k.grad_precision)) for k in d.terms)
+
+
+# ------------------------------------------------------------------ a step budget too small
+# (solver class, fragment): issue 33, CVODE(max_steps=1) failed blaming the start, the equations or x0
+MAX_STEPS_CASES = [
+    (pgpgm.CVODE, "it took more than max_steps=1 internal steps between two output times: raise the solver's "
+                  "max_steps (e.g. pgpgm.CVODE(max_steps=20000))"),
+    (pgpgm.SksundaeCVODE, "more than max_steps=1 internal steps between two output times: raise the solver's max_steps"),
+]
+
+
+@pytest.mark.parametrize("solver, fragment", MAX_STEPS_CASES, ids=[c[0].name for c in MAX_STEPS_CASES])
+def test_a_too_small_step_budget_names_max_steps(lv, solver, fragment):
+    if not solver.available():
+        pytest.skip(f"{solver.name} is not available here")
+    integrator = pgpgm.Integrator(lv.system, T, solver(max_steps=1))
+    with pytest.raises(pgpgm.ODESolveError) as info:
+        integrator.solve([2, 1, 4, 1], [5, 3])
+    assert fragment in str(info.value)
+    np.testing.assert_allclose(pgpgm.Integrator(lv.system, T, solver()).solve([2, 1, 4, 1], [5, 3])[0], [5, 3])
+
+
+def test_a_fit_with_a_too_small_step_budget_names_max_steps(lv):
+    """The start of step 2 fails in the latent-state solve: the error says why (max_steps)."""
+    ds = pgpgm.simulate(lv.system, [2, 1, 4, 1], [5, 3], T, noise_sd=0.1, seed=0, observed=["x2"])
+    with pytest.raises(pgpgm.SamplingError) as info:
+        pgpgm.fit(lv.system, ds, ["x2"], draws=20, tune=20, chains=1, posterior=None, progressbar=False,
+                  solver=pgpgm.CVODE(max_steps=1))
+    assert "the latent-state solve fails there" in str(info.value)
+    assert "it took more than max_steps=1 internal steps" in str(info.value)

@@ -7,10 +7,12 @@ stderr). A property-based test feeds random expression strings to the parser.
 """
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import sympy as sp
 from hypothesis import HealthCheck, given, settings
@@ -121,6 +123,36 @@ def test_bad_names(make, fragment):
     with pytest.raises(ModelDefinitionError, match=None) as info:
         make()
     assert fragment in str(info.value)
+
+
+# ------------------------------------------------------------------ ODESystem.from_function
+# (id, rhs(t, y, p), fragments); issue 33: raw TypeErrors before
+FUNCTION_CASES = [
+    ("math.exp", lambda t, y, p: [math.exp(-p.k) * y.x], ["rhs(t, y, p) failed with TypeError",
+                                                            "use sympy functions (sympy.exp, sympy.sin, ...)"]),
+    ("numpy.exp", lambda t, y, p: [np.exp(-p.k * y.x)], ["rhs(t, y, p) failed with TypeError",
+                                                          "not math or numpy ones"]),
+    ("numpy.sin of a state", lambda t, y, p: [np.sin(y.x)], ["failed with TypeError", "use sympy functions"]),
+    ("returns None", lambda t, y, p: None, ["rhs(t, y, p) returned None; it must return a list of 1 expressions",
+                                             "is a 'return' missing?"]),
+    ("returns one expression", lambda t, y, p: -p.k * y.x, ["returned Mul '-k*x'; it must return a list of 1"]),
+    ("returns a number", lambda t, y, p: 3.0, ["returned float '3.0'; it must return a list"]),
+    ("unknown state", lambda t, y, p: [-p.k * y.z], ["failed with AttributeError", "y has the states ['x']"]),
+    ("a NaN", lambda t, y, p: [np.float64(np.nan) * y.x], ["NaN is not part of the equation language"]),
+]
+
+
+@pytest.mark.parametrize(("rhs", "fragments"), [c[1:] for c in FUNCTION_CASES], ids=[c[0] for c in FUNCTION_CASES])
+def test_bad_rhs_functions(rhs, fragments):
+    with pytest.raises(ModelDefinitionError) as info:
+        ODESystem.from_function(rhs, ["x"], ["k"])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_a_good_rhs_function_with_sympy_functions():
+    s = ODESystem.from_function(lambda t, y, p: [sp.exp(-p.k) * y.x], ["x"], ["k"])
+    assert s.rhs(0.0, [2.0], [0.5])[0] == pytest.approx(2.0 * math.exp(-0.5), rel=1e-15)
 
 
 # ------------------------------------------------------------------ model files
@@ -334,3 +366,61 @@ def _check(text):
 @given(expressions)
 def test_random_expressions_give_a_system_or_a_model_definition_error(text):
     _check(text)
+
+
+# ------------------------------------------------------------------ long literals: one model everywhere
+# (literal, the 64-bit float every part of a fit must use). Issue 33: sympy prints floats with 15
+# significant digits, so the compiled kernels computed 2.000000000000001 as 2.0 while the PyTensor
+# density used the exact value.
+LITERALS = [
+    ("2.000000000000001", 2.000000000000001),
+    ("3.0000000000000004", 3.0000000000000004),
+    ("1.2345678901234567", 1.2345678901234567),
+    ("0.1", 0.1),
+    ("1e-300", 1e-300),
+    ("0.12345678901234567890123", 0.12345678901234568),  # a longer literal: the exact fraction, rounded once
+]
+
+
+def _tiny_result(system):
+    """A FitResult with ``system`` and empty parts (enough to save and load the system)."""
+    import arviz as az
+    import xarray as xr
+
+    post = az.from_dict({"posterior": {"k": np.zeros((1, 2))}})
+    return pgpgm.FitResult(system, post, xr.Dataset({"a": ("i", [0.0])}), xr.Dataset({"b": ("j", [0.0])}), {}, {})
+
+
+@pytest.mark.parametrize(("literal", "value"), LITERALS, ids=[lit for lit, _ in LITERALS])
+def test_a_long_literal_is_one_number_in_the_kernels_the_density_and_the_saved_file(literal, value, tmp_path):
+    import pytensor
+    import pytensor.tensor as pt
+
+    assert float(literal) == value
+    system = ODESystem.from_equations({"x": f"{literal}*k*x", "y": f"-y + {literal}"}, ["k"])
+    loaded = pgpgm.load_result(_tiny_result(system).save(tmp_path / "r.nc")).system
+    # at x = k = 1 the right-hand side is the constant itself, exactly
+    for s in (system, loaded):
+        np.testing.assert_array_equal(s.rhs(0.0, [1.0, 0.0], [1.0]), [value, value])
+        jx, jp = s.jacobian(0.0, [1.0, 0.0], [1.0])
+        assert jx[0, 0] == value and jp[0, 0] == value
+    t, x, y, th = pt.dvector("t"), pt.dvector("x"), pt.dvector("y"), pt.dvector("theta")
+    graph = pytensor.function([t, x, y, th], system.pytensor_rhs(t, {"x": x, "y": y}, th), on_unused_input="ignore")
+    rng = np.random.default_rng(0)
+    pts = rng.uniform(0.5, 2.0, (5, 3))  # (x, y, k) at 5 time points
+    kernel = np.array([system.rhs(0.0, p[:2], p[2:]) for p in pts])
+    after = np.array([loaded.rhs(0.0, p[:2], p[2:]) for p in pts])
+    density = np.column_stack([np.concatenate(graph([0.0], [p[0]], [p[1]], [p[2]])) for p in pts]).T
+    np.testing.assert_array_equal(kernel, density)
+    np.testing.assert_array_equal(kernel, after)
+    np.testing.assert_array_equal(density[:, 1], value - pts[:, 1])  # -y + c
+
+
+def test_a_sympy_float_of_other_precision_is_refused():
+    """A sympy Float of more than 64-bit precision cannot be one model everywhere: refused when the
+    system is built (before: a model that compiled rounded and could not be saved)."""
+    with pytest.raises(ModelDefinitionError, match="has 103 bits of precision in the rhs for x; pgpgm computes in "
+                                                   "64-bit floats"):
+        ODESystem.from_function(lambda t, y, p: [sp.Float("2.0000000000000000000001", 30) * y.x], ["x"], [])
+    exact = ODESystem.from_function(lambda t, y, p: [sp.Rational("2.0000000000000000000001") * y.x], ["x"], [])
+    assert exact.rhs(0.0, [1.0], [])[0] == 2.0  # an exact fraction: the nearest float, everywhere

@@ -6,6 +6,7 @@ and an independent multi-start least squares.
 
 import numpy as np
 import pandas as pd
+import pymc as pm
 import pytest
 from scipy import optimize, stats
 from scipy.integrate import solve_ivp
@@ -303,7 +304,7 @@ def test_per_state_kernel_and_gamma(lv):
 def test_bound_report_counts_draws():
     from pgpgm.bounds import bound_report
 
-    priors = pgpgm.Priors.from_user(["a", "b", "c"], {"a": (0, 10), "b": (1, 2), "c": lambda n: None})
+    priors = pgpgm.Priors.from_user(["a", "b", "c"], {"a": (0, 10), "b": (1, 2), "c": lambda n: pm.Normal(n, 0.0, 1.0)})
     rng = np.random.default_rng(0)
     near = rng.uniform(1.0, 1.0 + 0.009, 30)       # within 1 % of the width (0.01) of b's lower bound
     draws = {"a": rng.uniform(2, 8, 200), "b": np.r_[near, rng.uniform(1.2, 1.8, 170)], "c": rng.normal(size=200)}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +207,75 @@ def test_save_refuses_a_folder_or_a_missing_folder_before_writing(result, tmp_pa
     with pytest.raises(ResultFileError, match="does not exist"):
         result.save(tmp_path / "nope" / "r.nc")
     assert list(tmp_path.iterdir()) == []
+
+
+def _char_device(folder: Path) -> Path:
+    """A character device node like /dev/full: made in ``folder`` when running as root (so that
+    a failing check could only destroy this copy), else /dev/full itself (not writable then)."""
+    if os.geteuid() != 0:
+        return Path("/dev/full")
+    node = folder / "full"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    return node
+
+
+def _fifo(folder: Path) -> Path:
+    os.mkfifo(folder / "pipe")
+    return folder / "pipe"
+
+
+def _socket(folder: Path) -> Path:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(folder / "sock"))
+    s.close()
+    return folder / "sock"
+
+
+def _link(folder: Path) -> Path:
+    (folder / "target.nc").write_bytes(b"not a result")
+    (folder / "link.nc").symlink_to(folder / "target.nc")
+    return folder / "link.nc"
+
+
+def _folder(folder: Path) -> Path:
+    (folder / "sub").mkdir()
+    return folder / "sub"
+
+
+# (id, make the path in a folder, fragment); issue 33: the rename replaced whatever was there
+NOT_REGULAR = [
+    ("device node", _char_device, "is a character device, not a regular file, and saving would replace it"),
+    ("FIFO", _fifo, "is a FIFO (named pipe), not a regular file"),
+    ("socket", _socket, "is a socket, not a regular file"),
+    ("symbolic link", _link, "is a symbolic link, not a regular file, and saving would replace it (to "),
+    ("folder", _folder, "it is a folder; give a file name such as"),
+]
+
+
+def _kind(path: Path) -> tuple:
+    st = os.lstat(path)
+    return stat.S_IFMT(st.st_mode), st.st_ino, st.st_rdev, st.st_size
+
+
+@pytest.mark.parametrize("make, fragment", [c[1:] for c in NOT_REGULAR], ids=[c[0] for c in NOT_REGULAR])
+def test_save_refuses_what_is_not_a_regular_file_before_writing(result, tmp_path, make, fragment):
+    path = make(tmp_path)
+    before, listing = _kind(path), sorted(os.listdir(path.parent))
+    with pytest.raises(ResultFileError, match=re.escape(fragment)) as info:
+        result.save(path)
+    assert str(path) in str(info.value)
+    assert _kind(path) == before and sorted(os.listdir(path.parent)) == listing  # untouched, no temporary file
+    if path.is_symlink():
+        assert path.resolve().read_bytes() == b"not a result"
+
+
+def test_save_to_a_missing_path_or_over_a_regular_file_works(result, tmp_path):
+    new = result.save(tmp_path / "new.nc")
+    assert same_result(load_result(new), result)
+    old = tmp_path / "old.nc"
+    old.write_bytes(b"an earlier file")
+    result.save(old)
+    assert same_result(load_result(old), result) and sorted(p.name for p in tmp_path.iterdir()) == ["new.nc", "old.nc"]
 
 
 # -- fault injection: SIGKILL a save at random moments ------------------------------------

@@ -92,7 +92,13 @@ class _KernelPrinter(PythonCodePrinter):
       gives inf (the same bits as numba's own power otherwise: x**n, then 1/that).
     * Integers and fractions too large for a 64-bit integer are printed as the float
       nearest to them (numba cannot type such integer literals).
+    * A float constant is printed with every digit it needs (``repr``): sympy's printer
+      writes 15 significant digits, so ``2.000000000000001`` would compile as ``2.0`` while
+      the PyTensor density, the saved file and every other part of a fit use the exact value.
     """
+
+    def _print_Float(self, expr):
+        return repr(float(expr))
 
     def _print_Pow(self, expr, rational=False):
         if expr.exp.is_Integer and expr.exp < -1:

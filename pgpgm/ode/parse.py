@@ -458,6 +458,12 @@ def check_expression(expr: sp.Basic, *, where: str = "") -> None:
                 f"{name} is not part of the equation language{label} (in {node}); allowed functions are "
                 f"{sorted(ALLOWED_FUNCTIONS)}, with comparisons only in conditions"
             )
+        if isinstance(node, sp.Float) and node._prec != 53:
+            raise ModelDefinitionError(
+                f"the constant {node} has {node._prec} bits of precision{label}; pgpgm computes in 64-bit floats "
+                "(53 bits), so the compiled kernels, the density and a saved result could not all use it: write "
+                "a Python float (e.g. 2.000000000000001) or an exact fraction (sympy.Rational('2.0000000000000000001'))"
+            )
         if isinstance(node, sp.Piecewise) and node.args[-1].cond is not sp.true:
             raise ModelDefinitionError(
                 f"a Piecewise without an 'otherwise' piece (condition True){label} is not supported: {node}"

@@ -143,7 +143,22 @@ class ODESystem:
         sym = {n: sp.Symbol(n, real=True) for n in (*states, *parameters, "t")}
         y = _Names(states, [sym[s] for s in states])
         p = _Names(parameters, [sym[q] for q in parameters])
-        out = rhs(sym["t"], y, p)
+        try:
+            out = rhs(sym["t"], y, p)
+        except (TypeError, AttributeError, ValueError, ArithmeticError) as exc:
+            hint = ("use sympy functions (sympy.exp, sympy.sin, ...) and operators on y and p, not math or numpy "
+                    "ones: the arguments are sympy symbols, not numbers") if isinstance(exc, TypeError) else \
+                (f"y has the states {list(states)}, p the parameters {list(parameters)} (by name or index)"
+                 if isinstance(exc, AttributeError | IndexError) else "the arguments are sympy symbols")
+            raise ModelDefinitionError(f"rhs(t, y, p) failed with {type(exc).__name__}: {exc}; {hint}") from exc
+        if out is None:
+            raise ModelDefinitionError(
+                f"rhs(t, y, p) returned None; it must return a list of {len(states)} expressions, one per state "
+                f"{list(states)} (or a dict by state name): is a 'return' missing?")
+        if isinstance(out, sp.Basic) or not isinstance(out, Mapping | Iterable):
+            raise ModelDefinitionError(
+                f"rhs(t, y, p) returned {type(out).__name__} {str(out)[:80]!r}; it must return a list of "
+                f"{len(states)} expressions, one per state {list(states)} (or a dict by state name), e.g. [-p.k * y.x]")
         if isinstance(out, Mapping):
             missing = set(states) - set(out)
             extra = set(out) - set(states)
@@ -159,7 +174,8 @@ class ODESystem:
             try:
                 e = sp.sympify(e, strict=True)
             except (sp.SympifyError, TypeError) as exc:
-                raise ModelDefinitionError(f"rhs for {s} is not a symbolic expression: {e!r}") from exc
+                raise ModelDefinitionError(f"rhs for {s} is not a symbolic expression: {e!r:.100}; return sympy "
+                                           "expressions of y and p (sympy functions, not math or numpy ones)") from exc
             unknown = e.free_symbols - allowed
             if unknown:
                 raise ModelDefinitionError(f"rhs for {s} uses undeclared symbols {sorted(map(str, unknown))}")

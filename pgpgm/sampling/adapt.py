@@ -145,7 +145,7 @@ def block_update(params: BlockParams, ad: BlockAdaptation, z: np.ndarray,
     previous = params.chol @ params.chol.T
     cov = n / (n + 5.0) * pooled.m2 / max(n - 1, 1) + 5.0 / (n + 5.0) * 1e-2 * np.diag(np.diag(previous))
     try:
-        chol = np.linalg.cholesky(2.38**2 / dim * cov)
+        chol = np.linalg.cholesky(2.38**2 / max(dim, 1) * cov)  # dim 0: no parameter is sampled
     except np.linalg.LinAlgError:  # keep the previous covariance
         chol = params.chol
     params = replace(params, chol=chol, scale=1.0)

@@ -38,7 +38,7 @@ from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
 from ..density import GradientMatchingDensity, ParameterStructure, SweepStatistics, state_quadratic, state_terms
-from ..errors import PgpgmError
+from ..errors import ODESolveError, PgpgmError
 from ..solve.numba_op import compiles, track_solves
 from ..solve.op import ODEOp
 
@@ -430,8 +430,8 @@ class GradientMatchingTarget:
                 reasons.append(f"{what} {name} = {q[j]:.6g} is outside its prior's support; change init= or widen "
                                "the prior")
             elif name == "gradient_matching" and d.latent:
-                reasons.append("the latent-state solve fails there (or f is not finite); start elsewhere or check "
-                               "the equations and x0")
+                reasons.append("the latent-state solve fails there (or f is not finite)" + self._solve_error(q, X)
+                               + "; start elsewhere or check the equations and x0")
             elif name == "gradient_matching":
                 reasons.append("the right-hand side f is not finite at the observed states; check the equations")
             elif name.startswith("y_"):
@@ -440,6 +440,20 @@ class GradientMatchingTarget:
             else:
                 reasons.append(f"the term {name} is {bad[name]}")
         return "; ".join(reasons)
+
+    def _solve_error(self, q, X) -> str:
+        """The latent-state solve's own error at q (P + U,) and X (N, S), as " (...)" (e.g. a step
+        budget too small, ``max_steps``); "" when the solve succeeds or cannot be repeated here."""
+        d = self.density
+        if d.integrator is None:
+            return ""
+        P = d.system.n_parameters
+        x0 = d.initial_state([float(v) for v in np.asarray(X)[0, list(d.observed_idx)]], [float(v) for v in q[P:]])
+        try:
+            d.integrator.solve(np.asarray(q[:P], float), np.asarray(x0, float))
+        except ODESolveError as exc:
+            return f" ({exc})"
+        return ""
 
 
 def _refuse_state_terms(density: GradientMatchingDensity, model: pm.Model) -> None:

@@ -82,8 +82,13 @@ class CompiledCvodeEngine:
         s = self.solver
         flag, i, t = cvode_kernel()(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out)
         if flag < 0:
+            hint = ""
+            if flag == sundials.CV_TOO_MUCH_WORK:
+                hint = (f"; it took more than max_steps={s.max_steps} internal steps between two output times: raise "
+                        f"the solver's max_steps (e.g. pgpgm.CVODE(max_steps={max(10 * s.max_steps, 20_000)})), or the "
+                        "model is stiff or blows up at these values")
             raise ODESolveError(f"CVODE failed with {flag_name(flag)} at t = {t:.6g} "
-                                f"(target t = {times[i]:.6g}, theta = {theta.tolist()})")
+                                f"(target t = {times[i]:.6g}, theta = {theta.tolist()}){hint}")
         return out
 
 

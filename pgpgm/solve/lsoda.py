@@ -42,7 +42,9 @@ class LsodaEngine:
         def fun(t, y):
             budget[0] -= 1
             if budget[0] < 0:
-                raise ODESolveError(f"solve_ivp exceeded its right-hand-side budget near t = {t:.6g}")
+                raise ODESolveError(f"solve_ivp exceeded its right-hand-side budget (10 x max_steps={opts.max_steps} "
+                                    f"evaluations per output time) near t = {t:.6g}: raise the solver's max_steps, "
+                                    "or the model is stiff or blows up at these values")
             out = np.empty_like(y)
             f(t, y, p, out)
             return out

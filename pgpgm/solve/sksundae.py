@@ -52,10 +52,14 @@ class SksundaeEngine:
 
         self._solver = _CVODE(rhsfn, rtol=solver.rtol, atol=solver.atol, max_num_steps=solver.max_steps,
                               method="BDF")
+        self._max_steps = solver.max_steps
 
     def solve(self, times, theta, y0) -> np.ndarray:
         self._p[: theta.size] = theta
         sol = self._solver.solve(times, y0)
         if not sol.success or sol.y.shape[0] != times.size:
-            raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}")
+            hint = (f" (more than max_steps={self._max_steps} internal steps between two output times: raise the "
+                    "solver's max_steps, or the model is stiff or blows up at these values)"
+                    if "max_num_steps" in str(sol.message) else "")
+            raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}{hint}")
         return np.asarray(sol.y)

@@ -72,6 +72,7 @@ _SIGNATURES = {
 }
 CV_BDF = 2
 CV_NORMAL = 1
+CV_TOO_MUCH_WORK = -1  # CVode return flag: max_steps internal steps taken before the output time
 
 
 @dataclass(frozen=True)
