@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..errors import ODESolveError
-from .base import Solver
+from .base import Solver, piecewise
 
 if TYPE_CHECKING:
     from ..ode.system import ODESystem
@@ -53,9 +53,15 @@ class SksundaeEngine:
         self._solver = _CVODE(rhsfn, rtol=solver.rtol, atol=solver.atol, max_num_steps=solver.max_steps,
                               method="BDF")
 
-    def solve(self, times, theta, y0) -> np.ndarray:
+    def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
+        """States (N, n) at ``times``; one solve per piece between the ``breaks``
+        (:func:`~pgpgm.solve.base.piecewise`; scikit-sundae stops exactly at a grid's end)."""
         self._p[: theta.size] = theta
-        sol = self._solver.solve(times, y0)
-        if not sol.success or sol.y.shape[0] != times.size:
-            raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}")
-        return np.asarray(sol.y)
+
+        def integrate(grid, y):
+            sol = self._solver.solve(grid, y)
+            if not sol.success or sol.y.shape[0] != grid.size:
+                raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}")
+            return np.asarray(sol.y)
+
+        return piecewise(integrate, times, y0, breaks)
