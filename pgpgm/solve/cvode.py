@@ -33,7 +33,6 @@ SETUP_FAILED = -1001  # a SUNDIALS object could not be created or configured
 NON_FINITE = -1002  # a state or sensitivity became non-finite
 
 _BDF, _NORMAL = sundials.CV_BDF, sundials.CV_NORMAL
-_NO_BREAKS = np.empty(0)
 _EPS = 2.220446049250313e-16
 _FLAG_NAMES = {SETUP_FAILED: "SETUP_FAILED (SUNDIALS set-up)", NON_FINITE: "NON_FINITE (state became NaN/inf)"}
 
@@ -83,8 +82,11 @@ class CompiledCvodeEngine:
         at the ``breaks`` (B,) (sorted, strictly inside the span); raises ODESolveError."""
         out = np.empty((times.size, self.n))
         s = self.solver
-        flag, i, t = cvode_kernel()(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out,
-                                    _NO_BREAKS if breaks is None else breaks)
+        kernel = cvode_kernel()
+        if breaks is None or breaks.size == 0:  # one array fewer to unbox: a smooth model's solve as before
+            flag, i, t = _solve_smooth(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out)
+        else:
+            flag, i, t = kernel(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out, breaks)
         if flag < 0:
             raise ODESolveError(f"CVODE failed with {flag_name(flag)} at t = {t:.6g} "
                                 f"(target t = {times[i]:.6g}, theta = {theta.tolist()})")
@@ -120,6 +122,12 @@ def cvode_kernel():
     if not native.link_sundials():
         raise ODESolveError("SUNDIALS CVODE is not available here; use pgpgm.default_solver()")
     return _solve
+
+
+@numba.njit(cache=True)
+def _solve_smooth(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
+    """:func:`_solve` without breaks (SUNDIALS must be linked: call :func:`cvode_kernel` first)."""
+    return _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, np.empty(0))
 
 
 @numba.njit(cache=True)
