@@ -146,16 +146,16 @@ def test_sensitivities_match_finite_differences_in_every_unknown(pk):
 
 
 def test_solution_is_smooth_in_the_unknowns_at_default_tolerances(pk):
-    """Stepping over the switches made C jump by up to 3e-5 of its range when x0 moved by
-    1e-7 (second differences over 100 steps); restarting at the breakpoints leaves jumps at
-    the solver's tolerance, as for a smooth model."""
+    """Stepping over the switches made C jump by up to 5e-4 of its range when an unknown moved
+    by 1e-7 (second differences over 100 steps; ke0, which does not enter C, gave the largest);
+    restarting at the breakpoints leaves jumps below 100 x the tolerance (measured <= 5e-8)."""
     it = pgpgm.Integrator(pk, TIMES)
-    q0 = np.array([*THETA, 0.0, 0.0])
+    q0 = np.array([*THETA, 0.3, 0.2])
     for k in range(5):
         xs = np.array([it.solve((q0 + j * 1e-7 * np.eye(5)[k])[:3], (q0 + j * 1e-7 * np.eye(5)[k])[3:])
                        for j in range(100)])
         jumps = np.abs(np.diff(xs, 2, axis=0)).max() / np.abs(xs).max()
-        assert jumps < 3e-6, (k, jumps)
+        assert jumps < 1e-6, (k, jumps)
 
 
 # ----------------------------------------------------------------------------- least squares
