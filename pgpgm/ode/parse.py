@@ -13,6 +13,8 @@ Conditionals
     holds. A condition is a comparison ``< <= > >=`` (chains such as ``0 <= t < 2``
     allowed), combined with ``and``/``or``/``not`` or ``&``/``|`` (parenthesise
     the comparisons: ``(t > 1) & (t < 2)``). Comparisons appear only in conditions.
+    A condition on the time alone (``t < 1``) makes a breakpoint at which the solvers
+    stop and restart (:mod:`pgpgm.ode.breakpoints`).
 
 The string is parsed with :mod:`ast` and translated node by node; nothing is ever
 evaluated by Python. Limits keep every input cheap: at most :data:`MAX_LENGTH`

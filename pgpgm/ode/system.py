@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
+from .breakpoints import TimeSwitch, breakpoints_between, find_time_switches
 from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, check_expression, format_expression, parse_expression
 from ..errors import ModelDefinitionError
 
@@ -317,6 +318,19 @@ class ODESystem:
             subs[syms[self.parameters.index(k)]] = sp.Float(float(x), precision=53)
         exprs = tuple(e.xreplace(subs) for e in self.expressions)
         return ODESystem(self.states, tuple(p for p in self.parameters if p not in values), exprs, self.name)
+
+    # ----------------------------------------------------------------- time switches
+    @cached_property
+    def time_switches(self) -> tuple[TimeSwitch, ...]:
+        """The functions of time alone whose sign changes switch the right-hand side (conditions
+        of ``where``, ``min``/``max``/``abs`` of t), with their zeros: see
+        :mod:`pgpgm.ode.breakpoints` (switches that involve a state or a parameter are not listed)."""
+        return find_time_switches(self.expressions, self._symbols[0])
+
+    def breakpoints(self, start: float, stop: float) -> np.ndarray:
+        """The times strictly inside (start, stop) at which the right-hand side switches in time:
+        array (B,), sorted (empty for most models). The solvers stop and restart at each."""
+        return breakpoints_between(self.time_switches, self._symbols[0], float(start), float(stop))
 
     # ----------------------------------------------------------------- numeric kernels
     @cached_property

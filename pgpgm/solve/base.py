@@ -8,13 +8,16 @@ integrator for one system and state size. :meth:`Solver.integrator` binds a solv
 system and an output grid; the :class:`Integrator` does the solves, counts them and
 returns states and, when asked, forward sensitivities with respect to q = (theta, x0),
 obtained by integrating the augmented system ``[x, dx/dq_1, ..., dx/dq_K]``
-(see :mod:`pgpgm.ode.codegen`).
+(see :mod:`pgpgm.ode.codegen`). Where the right-hand side switches at fixed times
+(:meth:`ODESystem.breakpoints <pgpgm.ode.system.ODESystem.breakpoints>`), every backend
+integrates piecewise: it stops exactly at each such time inside the span and restarts there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
@@ -29,8 +32,50 @@ if TYPE_CHECKING:
 class Engine(Protocol):
     """A backend's native integrator for one system and one state size (owns solver memory)."""
 
-    def solve(self, times: np.ndarray, theta: np.ndarray, y0: np.ndarray) -> np.ndarray:
-        """States (N, n) at ``times`` from ``y0`` (n,) at ``times[0]``; raises ODESolveError."""
+    def solve(self, times: np.ndarray, theta: np.ndarray, y0: np.ndarray, breaks: np.ndarray | None = None
+              ) -> np.ndarray:
+        """States (N, n) at ``times`` from ``y0`` (n,) at ``times[0]``, integrating piecewise between
+        the ``breaks`` (B,), sorted and strictly inside the span (no step may cross one); raises
+        ODESolveError."""
+
+
+def piecewise(integrate: Callable[[np.ndarray, np.ndarray], np.ndarray], times: np.ndarray, y0: np.ndarray,
+              breaks: np.ndarray | None) -> np.ndarray:
+    """States at ``times`` from a solve restarted at every break, for backends that solve a whole
+    grid per call (scikit-sundae, scipy).
+
+    Parameters
+    ----------
+    integrate : ``integrate(grid (M,), y (n,)) -> states (M, n)``, one fresh solve from ``y`` at
+        ``grid[0]`` that must not step past ``grid[-1]`` (M >= 2, strictly increasing)
+    times : (N,) output times; y0 : (n,) state at ``times[0]``
+    breaks : (B,) sorted, strictly inside the span, or None/empty (then one call over ``times``)
+
+    Returns
+    -------
+    array (N, n). Each piece ends exactly at a break and the next starts from the state there,
+    at the next float up (so that ``t <= b`` reads the new side); an output time that equals a
+    break is taken from the piece that ends there.
+    """
+    if breaks is None or breaks.size == 0:
+        return integrate(times, y0)
+    eps = np.finfo(float).eps
+    out = np.empty((times.size, y0.size))
+    out[0] = y0
+    y = np.asarray(y0, dtype=float)
+    start = previous = float(times[0])
+    for end in [*map(float, breaks), float(times[-1])]:
+        idx = np.flatnonzero((times > previous) & (times <= end))
+        close = times[idx] - start <= 4 * eps * np.maximum(abs(start), np.abs(times[idx]))
+        out[idx[close]] = y  # within rounding of the restart: the state moves by rounding only
+        idx = idx[~close]
+        grid = np.concatenate([[start], times[idx], [end] if not idx.size or times[idx[-1]] < end else []])
+        if grid.size >= 2 and grid[-1] - start > 4 * eps * max(abs(start), abs(end)):
+            ys = integrate(grid, y)
+            out[idx] = ys[1:1 + idx.size]
+            y = ys[-1]
+        previous, start = end, float(np.nextafter(end, np.inf))
+    return out
 
 
 @dataclass(frozen=True)
@@ -78,6 +123,10 @@ class Integrator:
 
     Attributes
     ----------
+    breakpoints : array (B,)
+        The times strictly inside the span at which the right-hand side switches
+        (:meth:`ODESystem.breakpoints <pgpgm.ode.system.ODESystem.breakpoints>`): every solve
+        stops exactly at each and restarts there (empty for a smooth model).
     n_solves : int
         Solves done so far (with or without sensitivities), from Python and from compiled
         code; a repeated plain solve at the same (theta, x0) through :meth:`solve` is served
@@ -93,6 +142,7 @@ class Integrator:
 
         self.system = system
         self.times = check_times(times)
+        self.breakpoints = system.breakpoints(self.times[0], self.times[-1])
         self.solver = default_solver() if solver is None else solver
         if not isinstance(self.solver, Solver):
             raise DataError(f"solver must be a pgpgm Solver such as pgpgm.CVODE(), got {self.solver!r}")
@@ -171,7 +221,7 @@ class Integrator:
         engine = self._engines.get(aug)
         if engine is None:
             engine = self._engines[aug] = self.solver.engine(self.system, self._sizes[aug], aug)
-        out = engine.solve(self.times, theta, y0)
+        out = engine.solve(self.times, theta, y0, self.breakpoints)
         if not np.all(np.isfinite(out)):
             raise ODESolveError("the ODE solution became non-finite")
         return out

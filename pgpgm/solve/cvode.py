@@ -33,6 +33,7 @@ SETUP_FAILED = -1001  # a SUNDIALS object could not be created or configured
 NON_FINITE = -1002  # a state or sensitivity became non-finite
 
 _BDF, _NORMAL = sundials.CV_BDF, sundials.CV_NORMAL
+_EPS = 2.220446049250313e-16
 _FLAG_NAMES = {SETUP_FAILED: "SETUP_FAILED (SUNDIALS set-up)", NON_FINITE: "NON_FINITE (state became NaN/inf)"}
 
 
@@ -76,11 +77,16 @@ class CompiledCvodeEngine:
             raise ODESolveError("the compiled CVODE callbacks are unavailable (SUNDIALS did not load)")
         return cls(cb.aug_rhs if aug else cb.rhs, cb.aug_jac if aug else cb.jac, int(n), solver, cb)
 
-    def solve(self, times, theta, y0) -> np.ndarray:
-        """States (N, n) at ``times`` (N,) from ``y0`` (n,) at ``times[0]``; raises ODESolveError."""
+    def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
+        """States (N, n) at ``times`` (N,) from ``y0`` (n,) at ``times[0]``, stopping and restarting
+        at the ``breaks`` (B,) (sorted, strictly inside the span); raises ODESolveError."""
         out = np.empty((times.size, self.n))
         s = self.solver
-        flag, i, t = cvode_kernel()(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out)
+        kernel = cvode_kernel()
+        if breaks is None or breaks.size == 0:  # one array fewer to unbox: a smooth model's solve as before
+            flag, i, t = _solve_smooth(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out)
+        else:
+            flag, i, t = kernel(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out, breaks)
         if flag < 0:
             hint = ""
             if flag == sundials.CV_TOO_MUCH_WORK:
@@ -102,12 +108,21 @@ def flag_name(flag: int) -> str:
 def cvode_kernel():
     """The compiled solve (cached on disk by numba; SUNDIALS is linked into the process first).
 
-    ``cvode_kernel()(rhs, jac, rtol, atol, max_steps, times, theta, y0, out)`` integrates
-    the system whose callbacks are at addresses ``rhs``, ``jac`` from ``y0`` (n,) at
-    ``times[0]`` with parameters ``theta`` (P,), writes the states at ``times`` (N,) into
+    ``cvode_kernel()(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks)``
+    integrates the system whose callbacks are at addresses ``rhs``, ``jac`` from ``y0`` (n,)
+    at ``times[0]`` with parameters ``theta`` (P,), writes the states at ``times`` (N,) into
     ``out`` (N, n) and returns ``(flag, index, t)``: flag >= 0 on success, else CVODE's
     negative flag, :data:`SETUP_FAILED` or :data:`NON_FINITE`; ``index`` the output time
     being computed when it stopped; ``t`` the time reached. Callable from numba code.
+
+    ``breaks`` (B,), sorted and strictly inside (times[0], times[-1]), are the times at which
+    the right-hand side switches (:meth:`pgpgm.ode.system.ODESystem.breakpoints`): CVODE
+    stops exactly at each (a stop time, so no step and no right-hand-side evaluation
+    crosses it) and is re-initialised just after it (the next float up, so that a condition
+    such as ``t <= b`` already reads the new side) from the state reached, forgetting its
+    step history. Forward sensitivities, integrated in the same (augmented) state vector,
+    restart with it: a switch at a fixed time makes them continuous. With no breaks the
+    solve is the one without this feature, call for call.
     """
     if not native.link_sundials():
         raise ODESolveError("SUNDIALS CVODE is not available here; use pgpgm.default_solver()")
@@ -115,7 +130,13 @@ def cvode_kernel():
 
 
 @numba.njit(cache=True)
-def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
+def _solve_smooth(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
+    """:func:`_solve` without breaks (SUNDIALS must be linked: call :func:`cvode_kernel` first)."""
+    return _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, np.empty(0))
+
+
+@numba.njit(cache=True)
+def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks):
     """See :func:`cvode_kernel` (SUNDIALS must be linked: call that first)."""
     n, N, P = y0.shape[0], times.shape[0], theta.shape[0]
     # scratch: the parameters (CVODE's user data, read by the callbacks) and, last, the
@@ -143,21 +164,43 @@ def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
             out[0, j] = y0[j]
         # a step too small to move t (t + h = t) is a failure, not a crawl that ends in wrong
         # numbers: e.g. a state creeping towards the edge of the right-hand side's domain
-        hmin = 16.0 * 2.220446049250313e-16 * max(abs(times[0]), abs(times[N - 1]))
+        hmin = 16.0 * _EPS * max(abs(times[0]), abs(times[N - 1]))
+        B = breaks.shape[0]
+        stop = breaks[0] if B > 0 else times[N - 1]  # no step crosses a break or the last time
         bad = (nat.CVodeInit(mem, rhs, times[0], y) | nat.CVodeSStolerances(mem, rtol, atol) | nat.CVodeSetUserData(mem, scratch.ctypes.data)
                | nat.CVodeSetLinearSolver(mem, LS, A) | nat.CVodeSetJacFn(mem, jac) | nat.CVodeSetMaxNumSteps(mem, max_steps) | nat.CVodeSetMaxHnilWarns(mem, -1)
-               | nat.CVodeSetStopTime(mem, times[N - 1]) | nat.CVodeSetMinStep(mem, hmin))
+               | nat.CVodeSetStopTime(mem, stop) | nat.CVodeSetMinStep(mem, hmin))
         flag = SETUP_FAILED if bad != 0 else 0
         index = 1
+        b = 0  # the next break
+        fresh = False  # just re-initialised at a break: a target within rounding is not stepped to
         while flag >= 0 and index < N:
-            flag = nat.CVode(mem, times[index], y, scratch.ctypes.data + 8 * P, _NORMAL)
+            at_break = b < B and times[index] > breaks[b]
+            target = breaks[b] if at_break else times[index]
+            t_now = scratch[P]
+            if fresh and target - t_now <= 4.0 * _EPS * max(abs(t_now), abs(target)):
+                pass  # CVODE refuses a first step this short; the state moves by rounding only
+            elif t_now < target:  # (an output time equal to a break was reached already)
+                flag = nat.CVode(mem, target, y, scratch.ctypes.data + 8 * P, _NORMAL)
+                fresh = False
             if flag >= 0:
                 for j in range(n):
                     if not np.isfinite(yv[j]):
                         flag = NON_FINITE
-                    out[index, j] = yv[j]
+            if flag < 0:
+                break
+            if at_break:  # restart just after the break, with the next break as stop time
+                scratch[P] = np.nextafter(breaks[b], np.inf)
+                b += 1
+                stop = breaks[b] if b < B else times[N - 1]
+                flag = nat.CVodeReInit(mem, scratch[P], y)
                 if flag >= 0:
-                    index += 1
+                    flag = nat.CVodeSetStopTime(mem, stop)
+                fresh = True
+            else:
+                for j in range(n):
+                    out[index, j] = yv[j]
+                index += 1
         index = min(index, N - 1)
     t_reached = scratch[P]
     if mem != 0:

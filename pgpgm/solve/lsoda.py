@@ -9,7 +9,7 @@ import numpy as np
 from scipy.integrate import solve_ivp
 
 from ..errors import ODESolveError
-from .base import Solver
+from .base import Solver, piecewise
 
 if TYPE_CHECKING:
     from ..ode.system import ODESystem
@@ -34,7 +34,9 @@ class LsodaEngine:
         self._p = np.zeros(max(system.n_parameters, 1))
         self._solver = solver
 
-    def solve(self, times, theta, y0) -> np.ndarray:
+    def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
+        """States (N, n) at ``times``; one ``solve_ivp`` per piece between the ``breaks``
+        (:func:`~pgpgm.solve.base.piecewise`), which never steps past its end."""
         opts, f, p = self._solver, self._f, self._p
         p[: theta.size] = theta
         budget = [opts.max_steps * 10 * times.size]  # LSODA can crawl forever towards a blow-up
@@ -49,8 +51,11 @@ class LsodaEngine:
             f(t, y, p, out)
             return out
 
-        sol = solve_ivp(fun, (times[0], times[-1]), y0, method="LSODA", t_eval=times, rtol=opts.rtol,
-                        atol=opts.atol)
-        if sol.status != 0 or sol.y.shape[1] != times.size:
-            raise ODESolveError(f"solve_ivp failed: {sol.message}")
-        return sol.y.T
+        def integrate(grid, y):
+            sol = solve_ivp(fun, (grid[0], grid[-1]), y, method="LSODA", t_eval=grid, rtol=opts.rtol,
+                            atol=opts.atol)
+            if sol.status != 0 or sol.y.shape[1] != grid.size:
+                raise ODESolveError(f"solve_ivp failed: {sol.message}")
+            return sol.y.T
+
+        return piecewise(integrate, times, y0, breaks)

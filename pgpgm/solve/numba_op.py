@@ -7,8 +7,9 @@ function ``(theta (P,), x0 (S,)) -> x (N, S)`` - or ``(x, dx/dtheta (N, S, P),
 dx/dx0 (N, S, S))`` for the sensitivity Op - that seeds the initial state (and the
 identity seeds of the x0 sensitivities), and runs the whole CVODE solve
 (:func:`~pgpgm.solve.cvode.cvode_kernel`) inside compiled code: the sampler's logp and
-gradient reach CVODE without Python in between. The output times, tolerances and step
-budget are compile-time constants; the callbacks and the solve counter are reached through
+gradient reach CVODE without Python in between. The output times, the breakpoints at which
+the right-hand side switches in time (CVODE restarts at each), the tolerances and step budget
+are compile-time constants; the callbacks and the solve counter are reached through
 link-time symbols (:mod:`.native`), so the function is the same in every process and
 PyTensor caches it on disk under :func:`cache_key` (with the graphs that use it).
 
@@ -74,10 +75,11 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 def cache_key(op: ODEOp) -> str:
     """What identifies the compiled function of ``op`` across processes: the system's kernel
-    key (:mod:`pgpgm.ode.kernel_cache`), the output times, tolerances, step budget and flags."""
+    key (:mod:`pgpgm.ode.kernel_cache`), the output times, the breakpoints, tolerances, step budget and flags."""
     it = op.integrator
     s = it.solver
     h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(it.breakpoints, dtype=np.float64).tobytes())
     h.update(repr((it.system.compiled.key, float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
                    op.on_failure)).encode())
     return h.hexdigest()[:24]
@@ -118,6 +120,7 @@ def numba_ode_function(op: ODEOp):
     counter_symbol = track_solves(op, it)
     rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
     times = np.ascontiguousarray(it.times, dtype=np.float64)
+    breaks = np.ascontiguousarray(it.breakpoints, dtype=np.float64)
     raise_on_failure = op.on_failure == "raise"
     sensitivities = op.sensitivities
 
@@ -137,7 +140,8 @@ def numba_ode_function(op: ODEOp):
         if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
             _atomic_increment(native.symbol_address(counter_symbol))
             flag, _, t_reached = kernel(native.symbol_address(rhs_symbol), native.symbol_address(jac_symbol), rtol,
-                                        atol, max_steps, times, np.ascontiguousarray(theta), y0, out)
+                                        atol, max_steps, times, np.ascontiguousarray(theta), y0, out,
+                                        breaks)
         if flag < 0:
             if raise_on_failure:
                 raise ODESolveError("CVODE failed in ODEOp (flag, time reached):", flag, t_reached)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..errors import ODESolveError
-from .base import Solver
+from .base import Solver, piecewise
 
 if TYPE_CHECKING:
     from ..ode.system import ODESystem
@@ -54,12 +54,18 @@ class SksundaeEngine:
                               method="BDF")
         self._max_steps = solver.max_steps
 
-    def solve(self, times, theta, y0) -> np.ndarray:
+    def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
+        """States (N, n) at ``times``; one solve per piece between the ``breaks``
+        (:func:`~pgpgm.solve.base.piecewise`; scikit-sundae stops exactly at a grid's end)."""
         self._p[: theta.size] = theta
-        sol = self._solver.solve(times, y0)
-        if not sol.success or sol.y.shape[0] != times.size:
-            hint = (f" (more than max_steps={self._max_steps} internal steps between two output times: raise the "
-                    "solver's max_steps, or the model is stiff or blows up at these values)"
-                    if "max_num_steps" in str(sol.message) else "")
-            raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}{hint}")
-        return np.asarray(sol.y)
+
+        def integrate(grid, y):
+            sol = self._solver.solve(grid, y)
+            if not sol.success or sol.y.shape[0] != grid.size:
+                hint = (f" (more than max_steps={self._max_steps} internal steps between two output times: raise "
+                        "the solver's max_steps, or the model is stiff or blows up at these values)"
+                        if "max_num_steps" in str(sol.message) else "")
+                raise ODESolveError(f"scikit-sundae CVODE failed: {sol.message}{hint}")
+            return np.asarray(sol.y)
+
+        return piecewise(integrate, times, y0, breaks)
