@@ -146,11 +146,12 @@ def modes_note(modes: Sequence[Mapping]) -> str:
     for m in modes:
         chains = ", ".join(str(c) for c in m["chains"])
         where = ", ".join(f"{k}={v:.4g}" for k, v in m["mean"].items())
-        text = f"chain{'s' if len(m['chains']) > 1 else ''} {chains} at {where} (mean log density {m['log_density']:.1f}"
+        text = (f"chain{'s' if len(m['chains']) > 1 else ''} {chains} at {where} "
+                f"(mean log density {m['log_density']:.1f}")
         if "refined" in m:
             text += (", refines to " + ", ".join(f"{k}={v:.4g}" for k, v in m["refined"].items())
                      + f" with negative log likelihood {m['nll']:.2f}")
         parts.append(text + ")")
     return (f"the chains sit in {len(modes)} separate modes, so their pooled draws are not one posterior: "
-            + "; ".join(parts) + ". The first has the highest mean log density; fit again from the best one (init=, narrower priors) "
-            "or give each mode its own run")
+            + "; ".join(parts) + ". The first has the highest mean log density; fit again from the best one "
+            "(init=, narrower priors) or give each mode its own run")

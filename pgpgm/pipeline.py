@@ -291,7 +291,8 @@ def fit(
         modes = json.loads(main.attrs.get("pgpgm_modes", "[]"))
         for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
             m = mode["mean"]
-            q0 = np.array([m[p] for p in layout.parameters] + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
+            q0 = np.array([m[p] for p in layout.parameters]
+                          + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
             r = refine(problem, q0, bounds, estimate_noise=noise_sd is None, warn=False)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
         main.attrs["pgpgm_modes"] = json.dumps(modes)
