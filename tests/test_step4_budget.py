@@ -76,7 +76,7 @@ def test_a_time_budget_returns_on_time():
     """2 s for what would take minutes: sample_posterior returns within the budget plus one draw's
     and the return's overhead (generous on a shared machine)."""
     model, layout, center, sd = _decay_model()
-    sample_posterior(model, center, sd, draws=20, tune=20, chains=1, cores=1, progressbar=False)  # compiled
+    sample_posterior(model, center, sd, draws=20, tune=20, chains=1, cores=1, progressbar=False, warn=False)  # compiled
     t0 = time.perf_counter()
     with pytest.warns(ConvergenceWarning, match="seconds ran out"):
         tree = sample_posterior(model, center, sd, draws=200_000, tune=100, chains=2, cores=1, seed=1,
@@ -88,9 +88,9 @@ def test_a_time_budget_returns_on_time():
 
 
 def test_further_rounds_cap_the_step_size_target(monkeypatch):
-    """Further rounds raise target_accept halfway to 1 once (0.9 -> 0.95) and no further (0.95 again,
-    not 0.975, 0.9875, ... which shrank the step size without bound), at tree depth 10. The checks are
-    made to fail every round here (``problems`` patched) so that three rounds run."""
+    """Further rounds raise target_accept halfway to 1 (0.9 -> 0.95 -> 0.975) but not above 0.99 (0.98 ->
+    0.99 -> 0.99, not 0.995, 0.9975, ... which shrank the step size without bound), at tree depth 10. The
+    checks are made to fail every round here (``problems`` patched) so that three rounds run."""
     import pgpgm.posterior as posterior
 
     made = []
@@ -105,9 +105,12 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
     model, layout, center, sd = _decay_model()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tree = sample_posterior(model, center, sd, draws=200, tune=100, chains=4, cores=1, seed=2, max_rounds=3,
-                                progressbar=False)
-    assert tree.attrs["pgpgm_rounds"] == 3 and made == [(0.9, 10), (TARGET_ACCEPT_MAX, 10), (0.95, 10)]
+        for first in (0.9, 0.98):
+            tree = sample_posterior(model, center, sd, draws=200, tune=100, chains=4, cores=1, seed=2, max_rounds=3,
+                                    progressbar=False, target_accept=first)
+            assert tree.attrs["pgpgm_rounds"] == 3
+    assert TARGET_ACCEPT_MAX == 0.99
+    assert made == [(0.9, 10), (0.95, 10), (0.975, 10), (0.98, 10), (0.99, 10), (0.99, 10)]
 
 
 def test_a_round_the_budget_cannot_afford_is_not_started():
@@ -215,3 +218,16 @@ def test_a_small_well_determined_estimate_is_not_at_the_bound():
     piled = np.abs(rng.normal(0, 0.01, 4000))  # a half-normal: the density is highest at the bound
     report = bound_report(priors, [0.02], {"a": piled}, stderr=[0.005])
     assert [(a.side, a.refined) for a in report] == [("lower", False)] and report[0].fraction > 0.2
+
+
+def test_fit_returns_on_its_posterior_budget_with_the_warning():
+    """fit(posterior_budget=) reaches step 4: a budget of 600 gradient evaluations stops it (counted
+    exactly: at most one tree past it), and the fit returns its draws and says so."""
+    obs = _data(DECAY, 0.8)
+    data = {"time": T, "x": obs.values[:, 0]}
+    with pytest.warns(ConvergenceWarning, match="step 4 stopped at its budget"):
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 5.0)}, noise_sd=SD, progressbar=False, cores=1,
+                      draws=200, tune=200, posterior_budget=PosteriorBudget(None, 600))
+    spent = json.loads(r.posterior.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations" and 600 <= spent["used_gradient_evaluations"] <= 600 + 1023
+    assert r.posterior.posterior.sizes["draw"] >= 1 and np.all(np.isfinite(r.posterior.posterior["k"].values))
