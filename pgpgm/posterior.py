@@ -437,7 +437,10 @@ def sample_posterior(
         mass matrix starts from sd^2 carried to the transformed space - dense when
         ``covariance`` (names, matrix), e.g. the refinement's, is given and finite
         (see :func:`seeded_potential`)
-    draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs))
+    draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs); with a
+        time budget, ``chains``: every chain runs at once - the same draws, as the draws do not depend
+        on the number of processes - so that a budget that stops them leaves every chain at the same
+        length instead of the first CPUs' worth of chains done and the others not begun)
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
         nutpie starts every chain from ``center`` and adapts its own mass matrix; one round, and
@@ -500,7 +503,8 @@ def sample_posterior(
     if not (isinstance(max_rounds, int | np.integer) and max_rounds >= 1):
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
     meter = BudgetMeter(PosteriorBudget.of(budget))
-    cores = min(chains, os.cpu_count() or 1) if cores is None else cores
+    if cores is None:  # with a time budget every chain runs at once, so that a stop leaves all at the same length
+        cores = chains if meter.budget.seconds is not None else min(chains, os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
     space = ValueSpace(model)
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
