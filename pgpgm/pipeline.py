@@ -131,8 +131,9 @@ def fit(
     from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
     initial value of every state. Known initial values keep the fast path.
 
-    A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
-    its draws within 1 % of the box width of a bound, gives a
+    A refined estimate on a bound of its Uniform prior within its own uncertainty (2 standard
+    errors), or a posterior (step 4's or the Laplace draws, not step 2's chains) with more than 10 %
+    of its draws within half their sd (at most 1 % of the box width) of a bound, gives a
     :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
     widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
     ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
