@@ -348,13 +348,33 @@ class PosteriorBudget:
 class BudgetMeter:
     """What step 4 has spent of a :class:`PosteriorBudget` since it was made; as the ``callback`` of
     :func:`pymc.sample` it counts every iteration's leapfrog steps and stops the sampling (PyMC's
-    ``KeyboardInterrupt`` convention: the draws made so far are returned) once the budget is spent."""
+    ``KeyboardInterrupt`` convention: the draws made so far are returned) once the budget is spent.
+
+    Chains that PyMC runs one after the other (one process) would leave the last chains undrawn; for
+    them, :meth:`begin_round` gives every chain an equal share of what is left, and a chain that has
+    used its share (and any time its predecessors left) ends, as PyMC ends the current chain only
+    on ``KeyboardInterrupt`` there, and the next one starts."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
         self.start = time.perf_counter()
         self.gradients = 0
         self.exhausted = ""  # what ran out: "" (nothing), "seconds", "gradient evaluations"
+        self.shares: tuple[int, float, float] | None = None  # chains, seconds, gradients at a round's start
+        self.cut = ""  # what a sequential chain's share ran out of (the round was cut short)
+
+    def begin_round(self, chains: int, sequential: bool) -> None:
+        """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
+        self.shares = (chains, self.elapsed(), self.gradients) if sequential and chains > 1 else None
+
+    def _share_spent(self, chain: int) -> str:
+        """What ``chain`` (of a sequential round) has used its share of ("" when nothing): chain c ends
+        once (c + 1) / chains of what was left at the round's start is spent."""
+        chains, t0, g0 = self.shares
+        part = (min(chain, chains - 1) + 1) / chains
+        s, g = self.budget.seconds, self.budget.gradient_evaluations
+        return ("seconds" if s is not None and self.elapsed() >= t0 + part * (s - t0) else
+                "gradient evaluations" if g is not None and self.gradients >= g0 + part * (g - g0) else "")
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -380,6 +400,10 @@ class BudgetMeter:
             self.gradients += int(stats.get("tree_size", 0) or 0)
         if self.check():
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
+        spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
+        if spent:
+            self.cut = self.cut or spent
+            raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
 
     def record(self) -> dict:
         return {"seconds": self.budget.seconds, "gradient_evaluations": self.budget.gradient_evaluations,
@@ -482,7 +506,7 @@ def sample_posterior(
         gradient evaluations). ``json.loads(tree.attrs["pgpgm_budget"])`` records the budget, what
         was used and what ran out (``"exhausted"``: ``""``, ``"seconds"``, ``"gradient evaluations"``);
         a round the budget cut short keeps the draws it made (all chains at the length of the
-        shortest; a round that stopped while tuning keeps the latter half of its tuning iterations,
+        shortest; chains run one after the other (``cores=1``) each get an equal share of the budget; a round that stopped while tuning keeps the latter half of its tuning iterations,
         ``tree.attrs["pgpgm_tuning_draws"] = 1``).
     starts : (chains,) starting points, constrained values of every free variable by name, one per
         chain, instead of draws around ``center`` (e.g. chains started in several basins)
@@ -578,7 +602,9 @@ def _budgeted_sample(meter: BudgetMeter, **kwargs):
     latter half of its tuning iterations, ``attrs["pgpgm_tuning_draws"] = 1``)."""
     import xarray as xr
 
+    meter.begin_round(kwargs["chains"], sequential=kwargs["cores"] == 1)
     tree = pm.sample(callback=meter, discard_tuned_samples=False, **kwargs)
+    meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
     has_draws = "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 0
     out = xr.DataTree()
     if has_draws:

@@ -231,3 +231,15 @@ def test_fit_returns_on_its_posterior_budget_with_the_warning():
     spent = json.loads(r.posterior.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "gradient evaluations" and 600 <= spent["used_gradient_evaluations"] <= 600 + 1023
     assert r.posterior.posterior.sizes["draw"] >= 1 and np.all(np.isfinite(r.posterior.posterior["k"].values))
+
+
+def test_chains_in_one_process_share_the_budget():
+    """cores=1 runs the chains one after the other: each gets an equal share of the budget, so a stop
+    leaves every chain, at about the same length (not the first chain whole and the others undrawn)."""
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=4000, tune=100, chains=4, cores=1, seed=1,
+                                progressbar=False, budget=PosteriorBudget(None, 8000))
+    assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
