@@ -66,6 +66,8 @@ for seed in range(args.first_seed, args.first_seed + args.seeds):
             "ode_solves": sum(r.n_ode_solves.values()),
             "rounds": int(r.posterior.attrs.get("pgpgm_rounds", 1)),
             "kept_rounds": ",".join(map(str, json.loads(r.posterior.attrs.get("pgpgm_kept_rounds", "[1]")))),
+            "budget_spent": json.loads(r.posterior.attrs.get("pgpgm_budget", "{}")).get("exhausted", ""),
+            "modes": len(json.loads(r.posterior.attrs.get("pgpgm_modes", "[]"))),
         })
         print(rows[-1], flush=True)
         for k, found in enumerate(json.loads(r.posterior.attrs.get("pgpgm_round_problems", "[]")), 1):

@@ -26,7 +26,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "ode.system": ["ODESystem"],
         "ode.transform": ["LogScale", "log_transform"],
         "pipeline": ["fit"],
-        "posterior": ["build_ode_model", "sample_posterior"],
+        "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
         "priors": ["Priors"],
         "refine": ["LeastSquaresProblem", "Refinement", "refine"],
         "result": ["FitResult", "load_result"],

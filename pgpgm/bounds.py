@@ -4,6 +4,13 @@ A Uniform prior (lower, upper) is also the box of the least-squares refinement. 
 best fit lies outside it, the refinement stops on the bound and the posterior piles up
 against it; the numbers then describe the box, not the data. :func:`bound_report` finds
 such parameters, :func:`warn_at_bounds` says so with a :class:`~pgpgm.errors.BoundWarning`.
+
+"On a bound" is judged against the estimate's own uncertainty, not the box: a value small in
+absolute terms (0.020 +- 0.005 in a box (0, 30)) is determined by the data and is not at the
+bound 0; one within ``REFINED_SE`` standard errors of it is. A posterior piles up against a
+bound when more than ``POSTERIOR_FRACTION`` of its draws lie within ``POSTERIOR_SD_BAND`` of
+its own sd (and at most ``POSTERIOR_BAND`` of the box width) of the bound: a posterior whose
+density is still high at the bound, not one that decays before it.
 """
 
 from __future__ import annotations
@@ -17,11 +24,18 @@ import numpy as np
 from .errors import BoundWarning
 from .priors import Priors
 
-#: a refined estimate within this fraction of the box width of a bound is "on" it
+#: without a standard error (or with an infinite one), a refined estimate within this fraction of
+#: the box width of a bound is "on" it
 REFINED_RTOL = 1e-3
+#: with a finite standard error se, a refined estimate within REFINED_SE * se of a bound is on it
+#: (its own uncertainty reaches the bound) ...
+REFINED_SE = 2.0
+#: ... and so is one within this fraction of the box width (the optimizer stopped on the bound)
+ACTIVE_RTOL = 1e-6
 #: a posterior is "at" a bound when more than POSTERIOR_FRACTION of its draws lie within
-#: POSTERIOR_BAND of the box width of it
+#: POSTERIOR_SD_BAND of the draws' sd, and at most POSTERIOR_BAND of the box width, of it
 POSTERIOR_BAND = 0.01
+POSTERIOR_SD_BAND = 0.5
 POSTERIOR_FRACTION = 0.10
 
 
@@ -33,7 +47,9 @@ class AtBound:
     ----------
     parameter : its name; side : ``"lower"`` or ``"upper"``; bound : the bound's value;
     prior : (lower, upper) of the prior; refined : whether the refined estimate is on it;
-    fraction : fraction of the posterior draws within 1 % of the box width of it (NaN without draws)
+    fraction : fraction of the posterior draws within ``band`` of it (NaN without draws)
+    band : the distance from the bound that ``fraction`` counts (NaN without draws)
+    stderr : the refined estimate's standard error (NaN when not given)
     """
 
     parameter: str
@@ -42,16 +58,19 @@ class AtBound:
     prior: tuple[float, float]
     refined: bool
     fraction: float
+    band: float = np.nan
+    stderr: float = np.nan
 
     @property
     def message(self) -> str:
         lo, hi = self.prior
         what = []
         if self.refined:
-            what.append("the refined estimate is on it")
+            what.append("the refined estimate is on it" + (
+                f" (within {REFINED_SE:g} standard errors, se {self.stderr:.3g})" if np.isfinite(self.stderr) else ""))
         if np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION:
-            what.append(f"{100 * self.fraction:.0f} % of the posterior draws lie within "
-                        f"{100 * POSTERIOR_BAND:g} % of the prior's width of it")
+            what.append(f"{100 * self.fraction:.0f} % of the posterior draws lie within {self.band:.3g} of it "
+                        f"(half the draws' sd, at most {100 * POSTERIOR_BAND:g} % of the prior's width)")
         if self.side == "lower" and lo == 0:
             hint = "the parameter may be near 0 (or another one compensates it); check the model, or lower the bound"
         else:
@@ -61,34 +80,42 @@ class AtBound:
                 + " and ".join(what) + f"; {hint}")
 
 
-def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, np.ndarray] | None = None
-                 ) -> tuple[AtBound, ...]:
+def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, np.ndarray] | None = None,
+                 stderr: Sequence[float] | None = None) -> tuple[AtBound, ...]:
     """Parameters whose refined estimate or posterior sits on a Uniform prior bound.
 
     Parameters
     ----------
     priors : the parameter priors (only ``(lower, upper)`` specs are checked)
     refined : (P,) refined estimates, in ``priors.names`` order
-    draws : posterior draws by parameter name (any shape), or None
+    draws : posterior draws by parameter name (any shape), or None (the draws of an exact
+        posterior: not step 2's chains, which only locate the basin)
+    stderr : (P,) standard errors of ``refined``, or None
 
     Returns
     -------
     tuple of AtBound (empty when nothing is at a bound). A refined estimate is on a bound
-    when within 1e-3 of the prior's width of it; a posterior when more than 10 % of its draws
-    lie within 1 % of the width of it.
+    when within ``REFINED_SE`` (2) standard errors of it or within 1e-6 of the prior's width
+    (the optimizer's active bound); without a finite standard error, when within 1e-3 of the
+    prior's width. A posterior is at a bound when more than 10 % of its draws lie within half
+    their sd (at most 1 % of the prior's width) of it.
     """
     out = []
-    for name, spec, value in zip(priors.names, priors.specs, refined):
+    ses = np.full(len(priors.names), np.nan) if stderr is None else np.asarray(stderr, float)
+    for name, spec, value, se in zip(priors.names, priors.specs, refined, ses):
         if callable(spec):
             continue
         lo, hi = float(spec[0]), float(spec[1])
         width = hi - lo
+        tol = (max(REFINED_SE * se, ACTIVE_RTOL * width) if np.isfinite(se) and se >= 0 else REFINED_RTOL * width)
         d = None if draws is None or name not in draws else np.asarray(draws[name], float).ravel()
+        d = None if d is None else d[np.isfinite(d)]
+        band = min(POSTERIOR_SD_BAND * float(np.std(d)), POSTERIOR_BAND * width) if d is not None and d.size else np.nan
         for side, b in (("lower", lo), ("upper", hi)):
-            on = bool(abs(float(value) - b) <= REFINED_RTOL * width)
-            frac = float(np.mean(np.abs(d - b) <= POSTERIOR_BAND * width)) if d is not None and d.size else np.nan
+            on = bool(abs(float(value) - b) <= tol)
+            frac = float(np.mean(np.abs(d - b) <= band)) if d is not None and d.size else np.nan
             if on or (np.isfinite(frac) and frac > POSTERIOR_FRACTION):
-                out.append(AtBound(name, side, b, (lo, hi), on, frac))
+                out.append(AtBound(name, side, b, (lo, hi), on, frac, band, float(se)))
     return tuple(out)
 
 

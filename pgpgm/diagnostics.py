@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import arviz_stats
 import numpy as np
@@ -57,9 +58,101 @@ def problems(diag: xr.Dataset) -> list[str]:
     return out
 
 
-def warn_if_unconverged(diag: xr.Dataset, label: str) -> None:
-    """Warn (:class:`ConvergenceWarning`) naming every failed check of the ``label`` posterior."""
+def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (), stacklevel: int = 3) -> None:
+    """Warn (:class:`ConvergenceWarning`) naming every failed check of the ``label`` posterior, and
+    ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.posterior_notes`)."""
     found = problems(diag)
-    if found:
-        warnings.warn(f"the {label} posterior is not converged: " + "; ".join(found)
-                      + ". Run longer chains (draws=, tune=) or check the model.", ConvergenceWarning, stacklevel=3)
+    if found or notes:
+        warnings.warn(f"the {label} posterior is not converged: " + "; ".join([*found, *notes])
+                      + (". Run longer chains (draws=, tune=) or check the model." if not notes else "."),
+                      ConvergenceWarning, stacklevel=stacklevel)
+
+
+#: two chains sit in separate modes when, for some variable, their means differ by more than this
+#: many within-chain sds (the root mean square of the two chains' sds); one posterior mode puts
+#: chain means within a few Monte-Carlo errors (a fraction of an sd) of each other
+MODE_SEPARATION = 4.0
+#: a chain is settled when the means of its two halves differ by at most this many of its own sds
+#: (a chain still travelling between regions is not a mode of its own)
+SETTLED_SDS = 1.0
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Chains that sit together in one mode of a posterior, apart from the other chains.
+
+    Attributes
+    ----------
+    chains : the chain indices; mean : each variable's mean over their draws;
+    log_density : the mean log density of their draws (PyMC's ``lp``: the model's log density in
+        the sampler's space; NaN when the tree has none)
+    """
+
+    chains: tuple[int, ...]
+    mean: Mapping[str, float]
+    log_density: float
+
+    def record(self) -> dict:
+        return {"chains": list(self.chains), "mean": dict(self.mean), "log_density": self.log_density}
+
+
+def find_modes(tree, var_names: Sequence[str], separation: float = MODE_SEPARATION) -> tuple[Mode, ...]:
+    """The separate modes the chains of ``tree`` sit in (empty when they sit in one).
+
+    Chains are grouped by linking every two whose means differ by at most ``separation``
+    within-chain sds in every variable of ``var_names``; there are modes when more than one group
+    forms and every group holds a settled chain (its halves' means within ``SETTLED_SDS`` of its
+    sd: a chain that stays where it is, not one on its way). Sorted by ``log_density``, highest first.
+    """
+    post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
+    names = [n for n in var_names if n in post]
+    C, D = int(post.sizes["chain"]), int(post.sizes["draw"])
+    if C < 2 or D < 4 or not names:
+        return ()
+    X = np.stack([np.asarray(post[n].values, float).reshape(C, D) for n in names], axis=-1)  # (C, D, V)
+    mean, sd = X.mean(1), X.std(1)
+    half = D // 2
+    settled = np.all(np.abs(X[:, :half].mean(1) - X[:, half:].mean(1)) <= SETTLED_SDS * sd, axis=1)
+    group = list(range(C))
+
+    def root(i):
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for i in range(C):
+        for j in range(i + 1, C):
+            scale = np.sqrt((sd[i] ** 2 + sd[j] ** 2) / 2)
+            if np.all(np.abs(mean[i] - mean[j]) <= separation * scale):
+                group[root(j)] = root(i)
+    members: dict[int, list[int]] = {}
+    for c in range(C):
+        members.setdefault(root(c), []).append(c)
+    if len(members) < 2 or not all(any(settled[c] for c in m) for m in members.values()):
+        return ()
+    lp = None
+    stats = tree["sample_stats"] if "sample_stats" in tree.children else None
+    if stats is not None and "lp" in stats.data_vars:
+        lp = np.asarray(stats["lp"].values, float).reshape(C, -1)
+    modes = [Mode(tuple(m), {n: float(X[m, :, k].mean()) for k, n in enumerate(names)},
+                  float(lp[m].mean()) if lp is not None else float("nan")) for m in members.values()]
+    return tuple(sorted(modes, key=lambda m: -m.log_density if np.isfinite(m.log_density) else np.inf))
+
+
+def modes_note(modes: Sequence[Mapping]) -> str:
+    """One sentence naming every mode of ``modes`` (records of :meth:`Mode.record`, optionally with
+    ``refined`` (the optimum the mode's mean refines to, by parameter) and ``nll`` (its negative log
+    likelihood), as :func:`pgpgm.fit` adds them)."""
+    parts = []
+    for m in modes:
+        chains = ", ".join(str(c) for c in m["chains"])
+        where = ", ".join(f"{k}={v:.4g}" for k, v in m["mean"].items())
+        text = (f"chain{'s' if len(m['chains']) > 1 else ''} {chains} at {where} "
+                f"(mean log density {m['log_density']:.1f}")
+        if "refined" in m:
+            text += (", refines to " + ", ".join(f"{k}={v:.4g}" for k, v in m["refined"].items())
+                     + f" with negative log likelihood {m['nll']:.2f}")
+        parts.append(text + ")")
+    return (f"the chains sit in {len(modes)} separate modes, so their pooled draws are not one posterior: "
+            + "; ".join(parts) + ". The first has the highest mean log density; fit again from the best one "
+            "(init=, narrower priors) or give each mode its own run")

@@ -17,7 +17,8 @@ from .bounds import bound_report, warn_at_bounds
 from .diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
-from .posterior import MAX_ROUNDS, build_ode_model, laplace_posterior, log_scale_names, sample_posterior
+from .posterior import (MAX_ROUNDS, PosteriorBudget, build_ode_model, laplace_posterior, log_scale_names,
+                        posterior_notes, sample_posterior)
 from .gp.kernels import KERNELS
 from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
@@ -54,6 +55,7 @@ def fit(
     posterior_tune: int = 500,
     posterior_chains: int = 4,
     posterior_rounds: int = MAX_ROUNDS,
+    posterior_budget: PosteriorBudget | float | None = PosteriorBudget(),
     nuts_sampler: str = "pymc",
     cores: int | None = None,
     progressbar: bool = True,
@@ -79,7 +81,11 @@ def fit(
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
     ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
-    :func:`pgpgm.posterior.sample_posterior`'s ``max_rounds``), ``"laplace"`` (draws from the Gaussian
+    :func:`pgpgm.posterior.sample_posterior`'s ``max_rounds``; all rounds within ``posterior_budget``:
+    a :class:`pgpgm.PosteriorBudget`, default 60 s and 300000 gradient evaluations, a number of
+    seconds, or None for no limit; once it is spent the fit returns the draws it has with a
+    ConvergenceWarning saying so; chains that sit in separate modes are named, each with the optimum
+    its mean refines to, instead of pooled), ``"laplace"`` (draws from the Gaussian
     approximation at the refined optimum) or None (the gradient-matching chains are the
     result's posterior). A :class:`~pgpgm.diagnostics.ConvergenceWarning` names every
     parameter of the main posterior with R-hat > 1.01, ESS < 400, and any divergences.
@@ -128,8 +134,9 @@ def fit(
     from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
     initial value of every state. Known initial values keep the fast path.
 
-    A refined estimate on a bound of its Uniform prior, or a posterior with more than 10 % of
-    its draws within 1 % of the box width of a bound, gives a
+    A refined estimate on a bound of its Uniform prior within its own uncertainty (2 standard
+    errors), or a posterior (step 4's or the Laplace draws, not step 2's chains) with more than 10 %
+    of its draws within half their sd (at most 1 % of the box width) of a bound, gives a
     :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
     widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
     ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
@@ -160,6 +167,7 @@ def fit(
     posterior_tune = check_count(posterior_tune, "posterior_tune", minimum=0)
     posterior_chains = check_count(posterior_chains, "posterior_chains", minimum=1)
     posterior_rounds = check_count(posterior_rounds, "posterior_rounds", minimum=1)
+    posterior_budget = PosteriorBudget.of(posterior_budget)
     if nuts_sampler not in ("pymc", "nutpie"):
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if cores is not None:
@@ -285,7 +293,16 @@ def fit(
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
                                 chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
-                                max_rounds=posterior_rounds, progressbar=progressbar)
+                                max_rounds=posterior_rounds, progressbar=progressbar, budget=posterior_budget,
+                                warn=False)
+        modes = json.loads(main.attrs.get("pgpgm_modes", "[]"))
+        for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
+            m = mode["mean"]
+            q0 = np.array([m[p] for p in layout.parameters]
+                          + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
+            r = refine(problem, q0, bounds, estimate_noise=noise_sd is None, warn=False)
+            mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
+        main.attrs["pgpgm_modes"] = json.dumps(modes)
         diagnostics["posterior"] = diagnose(main, layout.free)
         if "pgpgm_round_gradient_evaluations" in main.attrs:  # every round's draws, not just those kept
             solves_post = sum(json.loads(main.attrs["pgpgm_round_gradient_evaluations"]))
@@ -299,10 +316,12 @@ def fit(
     if posterior != "laplace":
         warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else
                             "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
-                                                   "to the end)" if stopping["stopped"] else ""))
+                                                   "to the end)" if stopping["stopped"] else ""),
+                            notes=posterior_notes(main) if posterior == "nuts" else ())
 
-    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior}
-    at_bounds = bound_report(density.priors, ref.theta, draws)
+    # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
+    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior} if posterior else None
+    at_bounds = bound_report(density.priors, ref.theta, draws, stderr=ref.stderr)
     warn_at_bounds(at_bounds)
 
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:

@@ -18,6 +18,7 @@ matrix), chains in parallel processes.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import pytensor.tensor as pt
 from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFull, QuadPotentialFullAdapt
 
 from .data import Observations
-from .diagnostics import ESS_MIN, diagnose, problems
+from .diagnostics import ESS_MIN, diagnose, find_modes, modes_note, problems, warn_if_unconverged
 from .errors import DataError
 from .ode.system import ODESystem
 from .priors import PriorSpec, Priors
@@ -298,6 +299,134 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
 
 
+@dataclass(frozen=True)
+class PosteriorBudget:
+    """How much step 4 (:func:`sample_posterior`) may spend before it returns what it has.
+
+    Attributes
+    ----------
+    seconds : wall-clock seconds of sampling, all rounds together (None: no limit)
+    gradient_evaluations : leapfrog steps (one ODE solve with sensitivities each) of all chains
+        and rounds, tuning included (None: no limit); unlike seconds, it does not depend on the
+        machine or its load
+
+    The rounds loop sizes each further round to what is left (from the last round's seconds and
+    leapfrog steps per iteration) and starts none that cannot run ``min(draws, 100)`` draws; inside a
+    round, a callback of :func:`pymc.sample` stops the chains once either limit is spent (the
+    draws made so far are kept). When it stops sampling, the result says so
+    (``tree.attrs["pgpgm_budget"]``) and a :class:`~pgpgm.errors.ConvergenceWarning` names it.
+    """
+
+    seconds: float | None = 60.0
+    gradient_evaluations: int | None = 300_000
+
+    def __post_init__(self):
+        for name in ("seconds", "gradient_evaluations"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating)
+                                  or not np.isfinite(v) or v <= 0):
+                raise DataError(f"posterior budget {name} must be a positive number or None, got {v!r}")
+
+    @classmethod
+    def of(cls, value) -> PosteriorBudget:
+        """The budget a user gave: a :class:`PosteriorBudget`, a number of seconds (no limit on
+        gradient evaluations), or None (no budget at all)."""
+        if isinstance(value, PosteriorBudget):
+            return value
+        if value is None:
+            return cls(None, None)
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            raise DataError(f"posterior_budget must be a number of seconds, a pgpgm.PosteriorBudget or None, "
+                            f"got {value!r}")
+        return cls(float(value), None)
+
+    def describe(self) -> str:
+        parts = ([f"{self.seconds:g} s"] if self.seconds is not None else []) + (
+            [f"{self.gradient_evaluations} gradient evaluations"] if self.gradient_evaluations is not None else [])
+        return " / ".join(parts) or "no limit"
+
+
+class BudgetMeter:
+    """What step 4 has spent of a :class:`PosteriorBudget` since it was made; as the ``callback`` of
+    :func:`pymc.sample` it counts every iteration's leapfrog steps and stops the sampling (PyMC's
+    ``KeyboardInterrupt`` convention: the draws made so far are returned) once the budget is spent.
+
+    Chains that PyMC runs one after the other (one process) would leave the last chains undrawn; for
+    them, :meth:`begin_round` gives every chain an equal share of what is left, and a chain that has
+    used its share (and any time its predecessors left) ends, as PyMC ends the current chain only
+    on ``KeyboardInterrupt`` there, and the next one starts."""
+
+    def __init__(self, budget: PosteriorBudget):
+        self.budget = budget
+        self.start = time.perf_counter()
+        self.gradients = 0
+        self.exhausted = ""  # what ran out: "" (nothing), "seconds", "gradient evaluations"
+        self.shares: tuple[int, float, float] | None = None  # chains, seconds, gradients at a round's start
+        self.cut = ""  # what a sequential chain's share ran out of (the round was cut short)
+
+    def begin_round(self, chains: int, sequential: bool) -> None:
+        """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
+        self.shares = (chains, self.elapsed(), self.gradients) if sequential and chains > 1 else None
+
+    def _share_spent(self, chain: int) -> str:
+        """What ``chain`` (of a sequential round) has used its share of ("" when nothing): chain c ends
+        once (c + 1) / chains of what was left at the round's start is spent."""
+        chains, t0, g0 = self.shares
+        part = (min(chain, chains - 1) + 1) / chains
+        s, g = self.budget.seconds, self.budget.gradient_evaluations
+        return ("seconds" if s is not None and self.elapsed() >= t0 + part * (s - t0) else
+                "gradient evaluations" if g is not None and self.gradients >= g0 + part * (g - g0) else "")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def seconds_left(self) -> float:
+        return np.inf if self.budget.seconds is None else self.budget.seconds - self.elapsed()
+
+    def gradients_left(self) -> float:
+        g = self.budget.gradient_evaluations
+        return np.inf if g is None else g - self.gradients
+
+    def check(self) -> str:
+        """What has run out now ("" when nothing has); remembered in ``exhausted``."""
+        if not self.exhausted:
+            self.exhausted = ("seconds" if self.seconds_left() <= 0 else
+                              "gradient evaluations" if self.gradients_left() <= 0 else "")
+        return self.exhausted
+
+    def __call__(self, trace=None, draw=None):
+        stats = getattr(draw, "stats", None)
+        stats = stats[0] if isinstance(stats, list | tuple) and stats else stats
+        if isinstance(stats, Mapping):
+            self.gradients += int(stats.get("tree_size", 0) or 0)
+        if self.check():
+            raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
+        spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
+        if spent:
+            self.cut = self.cut or spent
+            raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
+
+    def record(self) -> dict:
+        return {"seconds": self.budget.seconds, "gradient_evaluations": self.budget.gradient_evaluations,
+                "used_seconds": round(self.elapsed(), 3), "used_gradient_evaluations": int(self.gradients),
+                "exhausted": self.exhausted}
+
+
+#: the step-size target of a further round is raised halfway to 1 (0.9 -> 0.95 -> 0.975 -> 0.9875) but
+#: not above this: each raise shrinks the step size and lengthens every trajectory, and divergences that a
+#: smaller step does not remove (a solver failure as -inf, a wall) made an uncapped target climb towards 1
+#: round after round (FitzHugh-Nagumo R observed from a wrong mode: 0.99375 in round 5, step size 0.000,
+#: 1023 leapfrog steps per draw, 846 s). A cap of 0.95 left Lotka-Volterra x1 observed (seed 0) with
+#: 15 divergences after 6 rounds (332 s), where the ridge meets the prior bound; uncapped, its rounds had
+#: passed (193 s): the later raises help there, so the cap is 0.99 and the budget bounds the rest.
+TARGET_ACCEPT_MAX = 0.99
+#: NUTS trees stop at 2^10 - 1 = 1023 leapfrog steps per draw (PyMC's default, stated here)
+MAX_TREEDEPTH = 10
+#: a further round is not started when the budget left allows fewer draws per chain than this (or
+#: than ``draws``, when smaller)
+MIN_ROUND_DRAWS = 100
+
+
 #: most NUTS rounds of :func:`sample_posterior` (and :func:`pgpgm.fit`'s ``posterior_rounds``): a
 #: posterior that spreads over the whole prior box (Lotka-Volterra, x2 observed, noise sd 0.5, seed 3)
 #: mixes slowly (min ESS 60-400 per round of 4 x 2000 draws) and passed R-hat <= 1.01 in round 6
@@ -319,6 +448,9 @@ def sample_posterior(
     target_accept: float = 0.9,
     max_rounds: int = MAX_ROUNDS,
     progressbar: bool = True,
+    budget: PosteriorBudget | float | None = None,
+    warn: bool = True,
+    starts: Sequence[Mapping[str, float]] | None = None,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables).
 
@@ -330,17 +462,22 @@ def sample_posterior(
         mass matrix starts from sd^2 carried to the transformed space - dense when
         ``covariance`` (names, matrix), e.g. the refinement's, is given and finite
         (see :func:`seeded_potential`)
-    draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs))
+    draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs); with a
+        time budget, ``chains``: every chain runs at once - the same draws, as the draws do not depend
+        on the number of processes - so that a budget that stops them leaves every chain at the same
+        length instead of the first CPUs' worth of chains done and the others not begun)
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
-        nutpie starts every chain from ``center`` and adapts its own mass matrix)
-    target_accept : NUTS step-size target
+        nutpie starts every chain from ``center`` and adapts its own mass matrix; one round, and
+        PyMC cannot pass it the budget's callback: only the rounds loop of ``"pymc"`` keeps a budget)
+    target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
         After a round whose draws fail a check of :func:`pgpgm.diagnostics.problems`
         (R-hat > 1.01, ESS < 400, divergences), the next round continues every chain from
         its last draw with a fixed dense mass matrix, the covariance of the chains' draws so
-        far (pooled, in the transformed space), a step-size target halfway to 1 (fewer
-        divergences), and ``max(tune // 2, 100)`` tuning iterations (step size only).
+        far (pooled, in the transformed space), a step-size target raised halfway to 1 but not
+        above :data:`TARGET_ACCEPT_MAX` = 0.99 (fewer divergences; a target that kept climbing shrank the
+        step size without bound), and ``max(tune // 2, 100)`` tuning iterations (step size only).
         Each chain alone adapts its mass matrix from its own few effective draws; pooled, the
         chains' draws cover a long ridge (the banana of Lotka-Volterra with one state
         observed) that none covers alone. The first round is warm-up (its chains adapted
@@ -351,7 +488,10 @@ def sample_posterior(
         ESS instead of starting over - unless the kept draws hold a divergence, which more
         draws cannot remove: then the new round's draws replace them. A round runs ``draws``
         to 4x ``draws`` iterations, as many as the kept draws' min ESS per draw says reach
-        2 x 400 (:func:`next_round_draws`). Default :data:`MAX_ROUNDS`.
+        2 x 400 (:func:`next_round_draws`), and no more than the budget left allows. No further
+        round runs when the chains sit in separate modes (:func:`pgpgm.diagnostics.find_modes`):
+        a mass matrix pooled across modes fits neither; the modes are named instead.
+        Default :data:`MAX_ROUNDS`.
         ``tree.attrs["pgpgm_rounds"]`` says how many rounds ran,
         ``json.loads(tree.attrs["pgpgm_round_draws"])`` the draws per chain of each round,
         ``json.loads(tree.attrs["pgpgm_kept_rounds"])`` the rounds (1 = first) whose draws the
@@ -361,10 +501,25 @@ def sample_posterior(
         round followed by another, the failed checks of the draws kept up to it. Only when
         ``chains * draws >= 800`` (draws that could reach ESS 400) and ``chains > 1``. A posterior
         that converges in the first round (FitzHugh-Nagumo) costs nothing more.
+    progressbar : PyMC's progress bar
+    budget : a :class:`PosteriorBudget`, a number of seconds, or None (no limit: the default of
+        this function; :func:`pgpgm.fit`'s default is ``PosteriorBudget()``, 60 s and 300000
+        gradient evaluations). ``json.loads(tree.attrs["pgpgm_budget"])`` records the budget, what
+        was used and what ran out (``"exhausted"``: ``""``, ``"seconds"``, ``"gradient evaluations"``);
+        a round the budget cut short keeps the draws it made (all chains at the length of the
+        shortest; chains run one after the other (``cores=1``) each get an equal share of the budget; a round that stopped while tuning keeps the latter half of its tuning iterations,
+        ``tree.attrs["pgpgm_tuning_draws"] = 1``).
+    starts : (chains,) starting points, constrained values of every free variable by name, one per
+        chain, instead of draws around ``center`` (e.g. chains started in several basins)
+    warn : warn (:class:`~pgpgm.errors.ConvergenceWarning`) when the result fails the checks, the
+        budget stopped it or the chains sit in separate modes (:func:`pgpgm.fit` passes False and
+        warns once for the whole fit)
 
     Returns
     -------
-    arviz DataTree with ``posterior``, ``sample_stats`` (``diverging``, ...), ``observed_data``.
+    arviz DataTree with ``posterior``, ``sample_stats`` (``diverging``, ...), ``observed_data``;
+    attrs as above and ``pgpgm_modes`` (JSON: a list, one entry per mode when the chains sit in
+    more than one - ``chains``, ``mean`` by variable, ``log_density`` - else empty).
     """
     import os
 
@@ -372,51 +527,139 @@ def sample_posterior(
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if not (isinstance(max_rounds, int | np.integer) and max_rounds >= 1):
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
-    cores = min(chains, os.cpu_count() or 1) if cores is None else cores
+    meter = BudgetMeter(PosteriorBudget.of(budget))
+    if cores is None:  # with a time budget every chain runs at once, so that a stop leaves all at the same length
+        cores = chains if meter.budget.seconds is not None else min(chains, os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
     space = ValueSpace(model)
+    names = [rv.name for rv in space.rvs if rv.ndim == 0]
     common = dict(draws=draws, tune=tune, chains=chains, cores=cores, random_seed=seed, progressbar=progressbar,
                   compute_convergence_checks=False, model=model)
     if nuts_sampler == "nutpie":
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
-        return sample_in_processes(pm.sample, nuts_sampler="nutpie", initvals=start,
+        tree = sample_in_processes(pm.sample, nuts_sampler="nutpie", initvals=start,
                                    nuts_sampler_kwargs={"target_accept": target_accept}, **common)
-    starts = dispersed_starts(space, center, sd, chains, rng)
+        meter.gradients = _gradient_evaluations(tree)
+        return _finish(tree, names, meter, 1, [draws], [1], [meter.gradients], [], warn)
+    if starts is None:
+        starts = dispersed_starts(space, center, sd, chains, rng)
+    else:
+        free = [rv.name for rv in space.rvs]
+        if len(starts) != chains or any(set(free) - set(p) for p in starts):
+            raise DataError(f"starts must hold {chains} points (one per chain), each with a value of {free}")
+        starts = [{n: np.asarray(p[n], float) for n in free} for p in starts]
     step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
-                   target_accept=target_accept)
-    tree = sample_in_processes(pm.sample, step=step, initvals=starts, **common)
-    names = [rv.name for rv in space.rvs if rv.ndim == 0]
-    rounds, reasons, round_draws, kept = 1, [], [draws], [1]
+                   target_accept=target_accept, max_treedepth=MAX_TREEDEPTH)
+    t_round = time.perf_counter()
+    tree = _budgeted_sample(meter, step=step, initvals=starts, **common)
+    last, last_tune, seconds = tree, tune, time.perf_counter() - t_round  # the last round and its cost
+    rounds, reasons, round_draws, kept = 1, [], [tree.posterior.sizes["draw"]], [1]
     evaluations = [_gradient_evaluations(tree)]
-    while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN:
+    while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN and not meter.exhausted:
         diag = diagnose(tree, names)
         found = problems(diag)
-        if not found:
+        if not found or find_modes(tree, names):  # converged, or more rounds would pool separate modes
             break
-        reasons.append(found)
         ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
         carry = rounds > 1 and not bool(tree.sample_stats["diverging"].any())
         n_draws = next_round_draws(tree.posterior.sizes["draw"], ess, draws, extends=carry)
+        n_tune = max(tune // 2, 100)
+        # what the budget left affords: the last round's seconds per iteration (per chain) and leapfrog
+        # steps per iteration; a round that cannot reach MIN_ROUND_DRAWS draws is not started
+        iterations = max(int(last.sample_stats.sizes["draw"]) + last_tune, 1)
+        steps = float(np.mean(last.sample_stats["n_steps"])) if "n_steps" in last.sample_stats else 1.0
+        by_time = 0.9 * meter.seconds_left() / max(seconds / iterations, 1e-9)
+        by_gradients = 0.9 * meter.gradients_left() / max(steps * chains, 1.0)
+        affordable = min(by_time, by_gradients)
+        if affordable - n_tune < min(draws, MIN_ROUND_DRAWS):
+            meter.exhausted = "seconds" if by_time <= by_gradients else "gradient evaluations"
+            break
+        n_draws = int(min(n_draws, affordable - n_tune))
+        reasons.append(found)
         post = tree.posterior
         starts = [{rv.name: np.asarray(post[rv.name].values[c, -1], float) for rv in space.rvs}
                   for c in range(post.sizes["chain"])]
-        target_accept = 1.0 - (1.0 - target_accept) / 2
+        target_accept = max(target_accept, min(1.0 - (1.0 - target_accept) / 2, TARGET_ACCEPT_MAX))
         step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
-                       target_accept=target_accept)
-        more = sample_in_processes(pm.sample, step=step, initvals=starts,
-                                   **{**common, "draws": n_draws, "tune": max(tune // 2, 100),
-                                      "random_seed": None if seed is None else seed + 1000 * rounds})
+                       target_accept=target_accept, max_treedepth=MAX_TREEDEPTH)
+        t_round = time.perf_counter()
+        more = _budgeted_sample(meter, step=step, initvals=starts,
+                                **{**common, "draws": n_draws, "tune": n_tune, "chains": len(starts),
+                                   "random_seed": None if seed is None else seed + 1000 * rounds})
+        last, last_tune, seconds = more, n_tune, time.perf_counter() - t_round
         evaluations.append(_gradient_evaluations(more))
-        tree = extend_chains(tree, more) if carry else more
-        kept = [*kept, rounds + 1] if carry else [rounds + 1]
-        round_draws.append(n_draws)
         rounds += 1
+        round_draws.append(int(more.posterior.sizes["draw"]))
+        if more.posterior.sizes["chain"] < post.sizes["chain"] or more.attrs.get("pgpgm_tuning_draws"):
+            break  # cut short by the budget before every chain drew: the kept draws stay the result
+        tree = extend_chains(tree, more) if carry else more
+        kept = [*kept, rounds] if carry else [rounds]
+    return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn)
+
+
+def _budgeted_sample(meter: BudgetMeter, **kwargs):
+    """:func:`pymc.sample` with ``meter`` as its callback; the tuning iterations are kept in the
+    sampler and dropped here, so that a run the budget stopped while tuning still returns draws (the
+    latter half of its tuning iterations, ``attrs["pgpgm_tuning_draws"] = 1``)."""
+    import xarray as xr
+
+    meter.begin_round(kwargs["chains"], sequential=kwargs["cores"] == 1)
+    tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
+    meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
+    has_draws = "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 0
+    out = xr.DataTree()
+    if has_draws:
+        out["posterior"], out["sample_stats"] = tree["posterior"], tree["sample_stats"]
+    else:  # stopped while tuning: the latter half of the tuning iterations, the best there is
+        n = tree["warmup_posterior"].sizes["draw"]
+        for group in ("posterior", "sample_stats"):
+            part = tree[f"warmup_{group}"].to_dataset().isel(draw=slice(n // 2, None))
+            out[group] = xr.DataTree(part.assign_coords(draw=np.arange(part.sizes["draw"])))
+        out.attrs["pgpgm_tuning_draws"] = 1
+    for name, child in tree.children.items():
+        if not name.startswith("warmup_") and name not in out.children:
+            out[name] = child
+    out.attrs = {**tree.attrs, **out.attrs}
+    return out
+
+
+def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool):
+    """Records the rounds, the budget and the modes in ``tree.attrs``; warns when asked."""
+    modes = find_modes(tree, names)
     tree.attrs["pgpgm_rounds"] = rounds
     tree.attrs["pgpgm_round_draws"] = json.dumps(round_draws)
     tree.attrs["pgpgm_kept_rounds"] = json.dumps(kept)
     tree.attrs["pgpgm_round_gradient_evaluations"] = json.dumps(evaluations)
     tree.attrs["pgpgm_round_problems"] = json.dumps(reasons)
+    tree.attrs["pgpgm_budget"] = json.dumps(meter.record())
+    tree.attrs["pgpgm_modes"] = json.dumps([m.record() for m in modes])
+    if warn:
+        warn_if_unconverged(diagnose(tree, names), "NUTS", notes=posterior_notes(tree), stacklevel=4)
     return tree
+
+
+def posterior_notes(tree) -> list[str]:
+    """Plain-language notes on a step-4 posterior beyond R-hat, ESS and divergences: the budget
+    that stopped it (what ran out, what was used, what to try) and the separate modes its chains
+    sit in (from ``tree.attrs``, see :func:`sample_posterior`)."""
+    out = []
+    spent = json.loads(tree.attrs.get("pgpgm_budget", "{}"))
+    if spent.get("exhausted"):
+        limit = PosteriorBudget(spent.get("seconds"), spent.get("gradient_evaluations"))
+        more = PosteriorBudget(None if limit.seconds is None else 4 * limit.seconds,
+                               None if limit.gradient_evaluations is None else 4 * limit.gradient_evaluations)
+        out.append(f"step 4 stopped at its budget ({spent['exhausted']} ran out: {spent['used_seconds']:.0f} s and "
+                   f"{spent['used_gradient_evaluations']} gradient evaluations used of {limit.describe()}) after "
+                   f"{tree.attrs.get('pgpgm_rounds', 1)} round(s)"
+                   + (", while tuning (these draws are tuning iterations)" if tree.attrs.get("pgpgm_tuning_draws")
+                      else "")
+                   + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
+                   f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
+                   "priors (a posterior that is hard to sample often has a second mode or a wall)")
+    modes = json.loads(tree.attrs.get("pgpgm_modes", "[]"))
+    if len(modes) > 1:
+        out.append(modes_note(modes))
+    return out
 
 
 #: a further round aims at this multiple of ESS_MIN: R-hat and ESS are themselves noisy near the

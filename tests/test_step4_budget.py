@@ -1,0 +1,245 @@
+"""Step 4 that always finishes: its budget, separate modes named, honest bound warnings (issue 30)."""
+
+import json
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import pgpgm
+import pgpgm.pipeline as pipeline
+from pgpgm.bounds import bound_report
+from pgpgm.data import as_observations
+from pgpgm.diagnostics import ConvergenceWarning, find_modes
+from pgpgm.errors import DataError
+from pgpgm.posterior import (TARGET_ACCEPT_MAX, PosteriorBudget, build_ode_model, posterior_notes,
+                             sample_posterior)
+
+DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
+#: a mirror symmetry: the solution depends on k only through k^2, so k and -k fit equally well
+MIRROR = pgpgm.ODESystem.from_equations({"x": "-k*k*x"}, ["k"], name="mirror")
+T = np.linspace(0, 3, 12)
+SD = 0.1
+
+
+def _data(system, k, seed=3):
+    y = 2.0 * np.exp(-(k if system is DECAY else k * k) * T) + np.random.default_rng(seed).normal(0, SD, T.size)
+    return as_observations({"time": T, "x": y}, ["x"], system)
+
+
+def _decay_model():
+    obs = _data(DECAY, 0.8)
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    return model, layout, {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.05, "x_0": SD}
+
+
+# ---------------------------------------------------------------- the budget
+def test_budget_arguments_are_checked():
+    assert PosteriorBudget.of(None) == PosteriorBudget(None, None)
+    assert PosteriorBudget.of(30) == PosteriorBudget(30.0, None)
+    b = PosteriorBudget(10, 500)
+    assert PosteriorBudget.of(b) is b
+    for bad in (0, -1, float("inf"), "60", True):
+        with pytest.raises(DataError, match="budget"):
+            PosteriorBudget.of(bad)
+    with pytest.raises(DataError, match="gradient_evaluations"):
+        PosteriorBudget(10, 0)
+
+
+def test_a_gradient_budget_stops_the_chains_and_says_so():
+    """4000 draws per chain would take ~60000 leapfrog steps; a budget of 3000 stops the chains once
+    3000 are spent (counted exactly, tuning included), keeps the draws made, and warns naming it."""
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="budget.*gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=4000, tune=200, chains=2, cores=1, seed=1,
+                                progressbar=False, budget=PosteriorBudget(None, 3000))
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations"
+    assert 3000 <= spent["used_gradient_evaluations"] <= 3000 + 1023  # the last draw's tree at most
+    assert 0 < tree.posterior.sizes["draw"] < 4000 and tree.attrs["pgpgm_rounds"] == 1
+    assert np.all(np.isfinite(tree.posterior["k"].values))
+    # tuning iterations plus the kept draws' leapfrog steps do not exceed what was counted
+    assert int(tree.sample_stats["n_steps"].sum()) <= spent["used_gradient_evaluations"]
+
+
+def test_a_budget_spent_while_tuning_returns_the_tuning_draws():
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="while tuning"):
+        tree = sample_posterior(model, center, sd, draws=500, tune=1000, chains=2, cores=1, seed=1,
+                                progressbar=False, budget=PosteriorBudget(None, 400))
+    assert tree.attrs["pgpgm_tuning_draws"] == 1 and tree.posterior.sizes["draw"] >= 1
+    assert "warmup_posterior" not in tree.children
+
+
+def test_a_time_budget_returns_on_time():
+    """2 s for what would take minutes: sample_posterior returns within the budget plus one draw's
+    and the return's overhead (generous on a shared machine)."""
+    model, layout, center, sd = _decay_model()
+    sample_posterior(model, center, sd, draws=20, tune=20, chains=1, cores=1, progressbar=False, warn=False)  # compiled
+    t0 = time.perf_counter()
+    with pytest.warns(ConvergenceWarning, match="seconds ran out"):
+        tree = sample_posterior(model, center, sd, draws=200_000, tune=100, chains=2, cores=1, seed=1,
+                                progressbar=False, budget=2.0)
+    assert time.perf_counter() - t0 < 2.0 + 8.0
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "seconds" and spent["used_seconds"] >= 2.0
+    assert "posterior_budget=pgpgm.PosteriorBudget(8.0, None)" in posterior_notes(tree)[0]
+
+
+def test_further_rounds_cap_the_step_size_target(monkeypatch):
+    """Further rounds raise target_accept halfway to 1 (0.9 -> 0.95 -> 0.975) but not above 0.99 (0.98 ->
+    0.99 -> 0.99, not 0.995, 0.9975, ... which shrank the step size without bound), at tree depth 10. The
+    checks are made to fail every round here (``problems`` patched) so that three rounds run."""
+    import pgpgm.posterior as posterior
+
+    made = []
+    real = posterior.pm.NUTS
+
+    def nuts(*args, **kw):
+        made.append((kw["target_accept"], kw["max_treedepth"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(posterior.pm, "NUTS", nuts)
+    monkeypatch.setattr(posterior, "problems", lambda diag: ["made to fail"])
+    model, layout, center, sd = _decay_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for first in (0.9, 0.98):
+            tree = sample_posterior(model, center, sd, draws=200, tune=100, chains=4, cores=1, seed=2, max_rounds=3,
+                                    progressbar=False, target_accept=first)
+            assert tree.attrs["pgpgm_rounds"] == 3
+    assert TARGET_ACCEPT_MAX == 0.99
+    assert made == [(0.9, 10), (0.95, 10), (0.975, 10), (0.98, 10), (0.99, 10), (0.99, 10)]
+
+
+def test_a_round_the_budget_cannot_afford_is_not_started():
+    """From a badly scaled mass matrix the first round fails the checks. With no budget a second
+    round runs; with a budget of the first round's gradient evaluations plus 50, none starts (it could
+    not reach 100 draws), and the result says the budget ran out."""
+    obs = _data(DECAY, 0.8)
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.5, "x_0": 0.01}
+    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=3, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        free = sample_posterior(model, start, sd, **kw)
+        first = json.loads(free.attrs["pgpgm_budget"])["used_gradient_evaluations"]  # all rounds
+        one = sample_posterior(model, start, sd, **{**kw, "max_rounds": 1})
+        used_one = json.loads(one.attrs["pgpgm_budget"])["used_gradient_evaluations"]
+    assert free.attrs["pgpgm_rounds"] >= 2 and first > used_one
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        small = sample_posterior(model, start, sd, **kw, budget=PosteriorBudget(None, used_one + 50))
+    spent = json.loads(small.attrs["pgpgm_budget"])
+    assert small.attrs["pgpgm_rounds"] == 1 and spent["exhausted"] == "gradient evaluations"
+    assert spent["used_gradient_evaluations"] == used_one  # round 1 ran whole, and nothing after it
+
+
+def test_fit_takes_and_checks_a_posterior_budget():
+    with pytest.raises(DataError, match="posterior_budget"):
+        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior_budget="1 minute")
+    with pytest.raises(DataError, match="seconds"):
+        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior_budget=-5)
+
+
+# ---------------------------------------------------------------- separate modes
+def _mirror_model():
+    obs = _data(MIRROR, 1.0)
+    model, layout = build_ode_model(MIRROR, obs, x0=[np.nan], priors={"k": (-3.0, 3.0)}, noise_sd=[SD])
+    return obs, model, layout
+
+
+def test_chains_in_two_mirror_modes_are_named_not_pooled():
+    """x' = -k^2 x: k = +1 and k = -1 fit the data equally well. Chains started in both basins stay
+    there (the modes are ~100 posterior sds apart); the result names both modes with their chains
+    and does not pass the pooled draws as converged, and no pooled further round runs."""
+    obs, model, layout = _mirror_model()
+    x0 = float(obs.values[0, 0])
+    starts = [{"k": k, "x_0": x0} for k in (1.0, -1.0, 1.0, -1.0)]
+    with pytest.warns(ConvergenceWarning, match="2 separate modes") as rec:
+        tree = sample_posterior(model, {"k": 1.0, "x_0": x0}, {"k": 0.02, "x_0": SD}, draws=300, tune=300,
+                                chains=4, cores=1, seed=0, progressbar=False, starts=starts)
+    modes = json.loads(tree.attrs["pgpgm_modes"])
+    assert sorted(tuple(m["chains"]) for m in modes) == [(0, 2), (1, 3)]
+    k_means = sorted(m["mean"]["k"] for m in modes)
+    assert k_means[0] == pytest.approx(-1.0, abs=0.1) and k_means[1] == pytest.approx(1.0, abs=0.1)
+    # mirror images: the same fit, so the same mean log density within Monte-Carlo noise
+    assert abs(modes[0]["log_density"] - modes[1]["log_density"]) < 1.0
+    assert tree.attrs["pgpgm_rounds"] == 1 and json.loads(tree.attrs["pgpgm_round_problems"]) == []
+    text = str(rec[0].message)
+    assert "chains 0, 2 at k=" in text and "chains 1, 3 at k=" in text and "not converged" in text
+
+
+def test_one_mode_is_not_split():
+    """Four chains in one mode (the decay posterior): no modes, whatever their Monte-Carlo spread."""
+    model, layout, center, sd = _decay_model()
+    tree = sample_posterior(model, center, sd, draws=300, tune=300, chains=4, cores=1, seed=0, progressbar=False)
+    assert find_modes(tree, layout.free) == () and json.loads(tree.attrs["pgpgm_modes"]) == []
+
+
+def test_fit_names_each_modes_refined_optimum(monkeypatch):
+    """A fit whose step-4 chains sit in the two mirror basins: its warning names both modes and the
+    optimum each refines to (k = +-1.0, the same negative log likelihood: mirror optima)."""
+    real = pipeline.sample_posterior
+
+    def two_basins(model, center, sd, **kw):
+        k = abs(center["k"])
+        starts = [{**center, "k": s * k} for s in (1, -1, 1, -1)]
+        return real(model, center, sd, **{**kw, "starts": starts})
+
+    monkeypatch.setattr(pipeline, "sample_posterior", two_basins)
+    obs = _data(MIRROR, 1.0)
+    data = {"time": T, "x": obs.values[:, 0]}
+    with pytest.warns(ConvergenceWarning, match="refines to k=") as rec:
+        r = pgpgm.fit(MIRROR, data, ["x"], priors={"k": (-3.0, 3.0)}, noise_sd=SD, progressbar=False,
+                      posterior_draws=200, posterior_tune=200, draws=200, tune=200, cores=1)
+    modes = json.loads(r.posterior.attrs["pgpgm_modes"])
+    refined = sorted(m["refined"]["k"] for m in modes)
+    assert refined[0] == pytest.approx(-refined[1], rel=1e-4) and refined[1] == pytest.approx(abs(
+        float(r.estimates["theta"].sel(estimate="refined", parameter="k"))), rel=1e-4)
+    assert modes[0]["nll"] == pytest.approx(modes[1]["nll"], abs=1e-6)
+    assert any("separate modes" in str(w.message) for w in rec)
+
+
+# ---------------------------------------------------------------- bounds
+def test_a_small_well_determined_estimate_is_not_at_the_bound():
+    """Issue 30: 0.020 +- 0.005 in a box (0, 30) is determined by the data, 4 se from the bound 0;
+    its posterior decays before 0. Neither is flagged (the old rule, 1e-3 of the box width = 0.03,
+    flagged it). An estimate within 2 se of the bound, or on it, is; so is a posterior piled up
+    against it."""
+    priors = pgpgm.Priors.from_user(["a"], {"a": (0.0, 30.0)})
+    rng = np.random.default_rng(0)
+    draws = rng.normal(0.02, 0.005, 4000)
+    draws = draws[draws > 0]
+    assert bound_report(priors, [0.02], {"a": draws}, stderr=[0.005]) == ()
+    on = bound_report(priors, [0.006], None, stderr=[0.005])
+    assert [(a.side, a.refined) for a in on] == [("lower", True)] and "within 2 standard errors" in on[0].message
+    assert bound_report(priors, [1e-9], None, stderr=[np.nan])[0].refined  # no se: on the bound itself
+    piled = np.abs(rng.normal(0, 0.01, 4000))  # a half-normal: the density is highest at the bound
+    report = bound_report(priors, [0.02], {"a": piled}, stderr=[0.005])
+    assert [(a.side, a.refined) for a in report] == [("lower", False)] and report[0].fraction > 0.2
+
+
+def test_fit_returns_on_its_posterior_budget_with_the_warning():
+    """fit(posterior_budget=) reaches step 4: a budget of 600 gradient evaluations stops it (counted
+    exactly: at most one tree past it), and the fit returns its draws and says so."""
+    obs = _data(DECAY, 0.8)
+    data = {"time": T, "x": obs.values[:, 0]}
+    with pytest.warns(ConvergenceWarning, match="step 4 stopped at its budget"):
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 5.0)}, noise_sd=SD, progressbar=False, cores=1,
+                      draws=200, tune=200, posterior_budget=PosteriorBudget(None, 600))
+    spent = json.loads(r.posterior.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations" and 600 <= spent["used_gradient_evaluations"] <= 600 + 1023
+    assert r.posterior.posterior.sizes["draw"] >= 1 and np.all(np.isfinite(r.posterior.posterior["k"].values))
+
+
+def test_chains_in_one_process_share_the_budget():
+    """cores=1 runs the chains one after the other: each gets an equal share of the budget, so a stop
+    leaves every chain, at about the same length (not the first chain whole and the others undrawn)."""
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=4000, tune=100, chains=4, cores=1, seed=1,
+                                progressbar=False, budget=PosteriorBudget(None, 8000))
+    assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
