@@ -47,15 +47,16 @@ def piecewise(integrate: Callable[[np.ndarray, np.ndarray], np.ndarray], times: 
     Parameters
     ----------
     integrate : ``integrate(grid (M,), y (n,)) -> states (M, n)``, one fresh solve from ``y`` at
-        ``grid[0]`` that must not step past ``grid[-1]`` (M >= 2, strictly increasing)
+        ``grid[0]`` that must not step past ``grid[-1]`` (M >= 3, strictly increasing)
     times : (N,) output times; y0 : (n,) state at ``times[0]``
     breaks : (B,) sorted, strictly inside the span, or None/empty (then one call over ``times``)
 
     Returns
     -------
-    array (N, n). Each piece ends exactly at a break and the next starts from the state there,
-    at the next float up (so that ``t <= b`` reads the new side); an output time that equals a
-    break is taken from the piece that ends there.
+    array (N, n). Each piece ends at the float just below a break (so that ``t < b`` still
+    reads its side at every right-hand-side evaluation) and the next starts from the state
+    there, at the float just above it (so that ``t <= b`` reads the new side); an output time
+    that equals a break gets the state at the end of the piece before it.
     """
     if breaks is None or breaks.size == 0:
         return integrate(times, y0)
@@ -69,9 +70,16 @@ def piecewise(integrate: Callable[[np.ndarray, np.ndarray], np.ndarray], times: 
         close = times[idx] - start <= 4 * eps * np.maximum(abs(start), np.abs(times[idx]))
         out[idx[close]] = y  # within rounding of the restart: the state moves by rounding only
         idx = idx[~close]
-        grid = np.concatenate([[start], times[idx], [end] if not idx.size or times[idx[-1]] < end else []])
+        # the piece ends at the float below the break: the solver evaluates the right-hand side at a
+        # step's end, and at the break itself it would read the next side (where(t < b, ...))
+        last = float(np.nextafter(end, -np.inf)) if end < times[-1] else end
+        grid = np.concatenate([[start], np.minimum(times[idx], last),
+                               [last] if not idx.size or times[idx[-1]] < last else []])
         if grid.size >= 2 and grid[-1] - start > 4 * eps * max(abs(start), abs(end)):
-            ys = integrate(grid, y)
+            # a two-point grid is a time span to some backends (scikit-sundae then returns every
+            # internal step): one more output time in the middle, dropped again
+            ys = integrate(grid, y) if grid.size > 2 else integrate(np.array([start, (start + grid[1]) / 2,
+                                                                              grid[1]]), y)[[0, 2]]
             out[idx] = ys[1:1 + idx.size]
             y = ys[-1]
         previous, start = end, float(np.nextafter(end, np.inf))

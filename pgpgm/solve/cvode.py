@@ -117,10 +117,11 @@ def cvode_kernel():
 
     ``breaks`` (B,), sorted and strictly inside (times[0], times[-1]), are the times at which
     the right-hand side switches (:meth:`pgpgm.ode.system.ODESystem.breakpoints`): CVODE
-    stops exactly at each (a stop time, so no step and no right-hand-side evaluation
-    crosses it) and is re-initialised just after it (the next float up, so that a condition
-    such as ``t <= b`` already reads the new side) from the state reached, forgetting its
-    step history. Forward sensitivities, integrated in the same (augmented) state vector,
+    stops at the float just below each (a stop time: no step, and so no right-hand-side
+    evaluation, reaches the break, where ``t < b`` would already read the next side; an
+    output time equal to a break gets the state there) and is re-initialised at the float
+    just above it (so that ``t <= b`` reads the new side) from the state reached, forgetting
+    its step history. Forward sensitivities, integrated in the same (augmented) state vector,
     restart with it: a switch at a fixed time makes them continuous. With no breaks the
     solve is the one without this feature, call for call.
     """
@@ -166,23 +167,25 @@ def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks):
         # numbers: e.g. a state creeping towards the edge of the right-hand side's domain
         hmin = 16.0 * _EPS * max(abs(times[0]), abs(times[N - 1]))
         B = breaks.shape[0]
-        stop = breaks[0] if B > 0 else times[N - 1]  # no step crosses a break or the last time
+        # no step reaches a break (the right-hand side is evaluated at a step's end too: at the break
+        # itself it would read the next piece's side, e.g. where(t < 13, ...) off at 13) or passes the last time
+        stop = np.nextafter(breaks[0], -np.inf) if B > 0 else times[N - 1]
         bad = (nat.CVodeInit(mem, rhs, times[0], y) | nat.CVodeSStolerances(mem, rtol, atol) | nat.CVodeSetUserData(mem, scratch.ctypes.data)
                | nat.CVodeSetLinearSolver(mem, LS, A) | nat.CVodeSetJacFn(mem, jac) | nat.CVodeSetMaxNumSteps(mem, max_steps) | nat.CVodeSetMaxHnilWarns(mem, -1)
                | nat.CVodeSetStopTime(mem, stop) | nat.CVodeSetMinStep(mem, hmin))
         flag = SETUP_FAILED if bad != 0 else 0
         index = 1
         b = 0  # the next break
-        fresh = False  # just re-initialised at a break: a target within rounding is not stepped to
         while flag >= 0 and index < N:
             at_break = b < B and times[index] > breaks[b]
-            target = breaks[b] if at_break else times[index]
+            target = np.nextafter(breaks[b], -np.inf) if at_break else times[index]  # (beyond the stop time
+            # for an output time equal to a break: CVODE returns at the stop time, the state there)
             t_now = scratch[P]
-            if fresh and target - t_now <= 4.0 * _EPS * max(abs(t_now), abs(target)):
-                pass  # CVODE refuses a first step this short; the state moves by rounding only
+            reach = min(target, stop)  # CVODE does not pass its stop time
+            if reach - t_now <= max(hmin, 4.0 * _EPS * max(abs(t_now), abs(reach))):
+                pass  # CVODE refuses a step this short; the state moves by rounding only
             elif t_now < target:  # (an output time equal to a break was reached already)
                 flag = nat.CVode(mem, target, y, scratch.ctypes.data + 8 * P, _NORMAL)
-                fresh = False
             if flag >= 0:
                 for j in range(n):
                     if not np.isfinite(yv[j]):
@@ -192,11 +195,10 @@ def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks):
             if at_break:  # restart just after the break, with the next break as stop time
                 scratch[P] = np.nextafter(breaks[b], np.inf)
                 b += 1
-                stop = breaks[b] if b < B else times[N - 1]
+                stop = np.nextafter(breaks[b], -np.inf) if b < B else times[N - 1]
                 flag = nat.CVodeReInit(mem, scratch[P], y)
                 if flag >= 0:
                     flag = nat.CVodeSetStopTime(mem, stop)
-                fresh = True
             else:
                 for j in range(n):
                     out[index, j] = yv[j]
