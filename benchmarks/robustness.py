@@ -270,7 +270,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def references(path: Path = REFERENCES) -> dict[str, dict]:
-    return {r["problem"]: r for r in read_jsonl(path)}
+    """Reference rows by problem id; for the grid's file, with those of its siblings
+    ``robustness_reference_*.jsonl`` (written by a second reference run, ``--reverse``)."""
+    paths = [path]
+    if path.resolve() == REFERENCES.resolve():
+        paths += sorted(RESULTS.glob("robustness_reference_*.jsonl"))
+    return {r["problem"]: r for p in paths for r in read_jsonl(p)}
 
 
 def append(path: Path, row: dict) -> None:
@@ -323,14 +328,14 @@ def cmd_design(args) -> None:
 
 def cmd_reference(args) -> None:
     out = Path(args.references)
-    done = references(out)
-    main = references(REFERENCES) if out.resolve() != REFERENCES.resolve() else {}
-    for p in select(args):
-        if p.id in done:
+    grid_run = out.parent.resolve() == RESULTS.resolve()  # the grid's files (a second run: ..._b.jsonl)
+    for p in (select(args)[::-1] if args.reverse else select(args)):
+        main = references(REFERENCES)  # re-read: another reference run may have done it meanwhile
+        if p.id in references(out) or (grid_run and p.id in main):
             continue
-        if p.id in main and main[p.id]["data_hash"] == data_hash(p):  # computed by the grid's run: reuse it
+        if p.id in main and main[p.id]["data_hash"] == data_hash(p):  # a test's reference: the grid's row
             append(out, main[p.id])
-            print(f"{p.id}: copied from {REFERENCES}")
+            print(f"{p.id}: copied from the grid's references")
             continue
         t0 = time.perf_counter()
         ref = rr.multistart(reference_problem(p), n_starts=args.starts, seed=p.data_seed)
@@ -529,6 +534,7 @@ def main(argv=None) -> None:
     parser.add_argument("--preface", help="baseline: a Markdown file put under the title")
     parser.add_argument("--follow", action="store_true",
                         help="fits: keep going as the reference run adds problems, until every selected fit ran")
+    parser.add_argument("--reverse", action="store_true", help="reference: last problem first (a second run)")
     parser.add_argument("--no-reference-needed", action="store_true", help="run fits without a reference yet")
     args = parser.parse_args(argv)
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
