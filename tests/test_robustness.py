@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pgpgm
+
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import robustness as rb  # noqa: E402
@@ -81,3 +83,49 @@ def test_the_reference_nll_is_the_fits_likelihood(fit_id):
         free[: len(problem.observed)] = np.log(free[: len(problem.observed)])
     q = np.concatenate([row["theta"], free])
     assert problem.nll(q) == pytest.approx(row["nll"], rel=1e-9, abs=1e-9)
+
+
+def _repressilator(x, th):
+    m1, m2, m3, p1, p2, p3 = x.T
+    alpha, alpha0, beta = th
+    return np.column_stack([-m1 + alpha / (1 + p3**2) + alpha0, -m2 + alpha / (1 + p1**2) + alpha0,
+                            -m3 + alpha / (1 + p2**2) + alpha0, -beta * (p1 - m1), -beta * (p2 - m2),
+                            -beta * (p3 - m3)])
+
+
+def _rosenzweig_macarthur(x, th):
+    N, P = x.T
+    r, K, a, h, m = th
+    eat = a * N * P / (1 + a * h * N)
+    return np.column_stack([r * N * (1 - N / K) - eat, 0.5 * eat - m * P])
+
+
+def _seir(x, th):
+    S, E, I, R = x.T
+    beta, sigma, gamma = th
+    return np.column_stack([-beta * S * I, beta * S * I - sigma * E, sigma * E - gamma * I, gamma * I])
+
+
+def _michaelis_menten(x, th):
+    S, E, C, P = x.T
+    k1, km1, k2 = th
+    bind = k1 * E * S
+    return np.column_stack([-bind + km1 * C, -bind + (km1 + k2) * C, bind - (km1 + k2) * C, k2 * C])
+
+
+@pytest.mark.parametrize(("name", "rhs"), [("repressilator", _repressilator),
+                                           ("rosenzweig-macarthur", _rosenzweig_macarthur),
+                                           ("seir", _seir), ("michaelis-menten", _michaelis_menten)])
+def test_new_models_encode_their_published_equations_and_simulate(name, rhs):
+    """The model file's equations equal the cited ones (written out here in numpy) at random
+    states and parameters; the first case has a latent state; every case simulates to finite data."""
+    spec = pgpgm.load_model(name)
+    rng = np.random.default_rng(0)
+    S, P = spec.system.n_states, spec.system.n_parameters
+    x, theta = rng.uniform(0.1, 3.0, (50, S)), rng.uniform(0.1, 3.0, P)
+    np.testing.assert_allclose(spec.system.rhs_on_grid(np.zeros(50), x, theta), rhs(x, theta), rtol=1e-12)
+    assert S >= 2 and (name != "repressilator" or S >= 5)
+    assert set(spec.case().observed) < set(spec.system.states)  # the first case has a latent state
+    for case_name in spec.cases:
+        data = spec.simulate(case_name, seed=0)
+        assert np.all(np.isfinite(data.y.values)) and np.all(data.truth.values >= 0)
