@@ -36,6 +36,7 @@ import argparse
 import hashlib
 import json
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -321,6 +322,15 @@ def fit_by_id(fid: str) -> FitSetting:
     return {f.id: f for p in problems() for f in fits_of(p)}[fid]
 
 
+#: rough cost of one multi-start start per observation (relative), by system: the order of
+#: ``reference --cheap-first``
+_COST = {"lv": 1, "fhn": 1, "pk": 1, "seir": 2, "rm": 2, "mm": 5, "pt": 5, "goodwin": 5, "repr": 20}
+
+
+def expected_cost(p: ProblemSetting) -> float:
+    return _COST[p.system] * p.points * (2 if p.noise == "lognormal" else 1)
+
+
 def cmd_design(args) -> None:
     for p in select(args):
         print(json.dumps(asdict(p)))
@@ -329,17 +339,27 @@ def cmd_design(args) -> None:
 def cmd_reference(args) -> None:
     out = Path(args.references)
     grid_run = out.parent.resolve() == RESULTS.resolve()  # the grid's files (a second run: ..._b.jsonl)
-    for p in (select(args)[::-1] if args.reverse else select(args)):
+    claims = Path(tempfile.gettempdir()) / "pgpgm_robustness_claims"  # problems a reference run has taken
+    claims.mkdir(parents=True, exist_ok=True)
+    todo = select(args)
+    if args.cheap_first:
+        todo = sorted(todo, key=expected_cost)
+    for p in (todo[::-1] if args.reverse else todo):
         main = references(REFERENCES)  # re-read: another reference run may have done it meanwhile
         if p.id in references(out) or (grid_run and p.id in main):
             continue
+        if grid_run:  # one run per problem: claim it (a second run skips it)
+            try:
+                (claims / p.id).open("x").close()
+            except FileExistsError:
+                continue
         if p.id in main and main[p.id]["data_hash"] == data_hash(p):  # a test's reference: the grid's row
             append(out, main[p.id])
             print(f"{p.id}: copied from the grid's references")
             continue
         t0 = time.perf_counter()
         ref = rr.multistart(reference_problem(p), n_starts=args.starts, seed=p.data_seed)
-        row = {"problem": p.id, "settings": asdict(p), "data_hash": data_hash(p), **ref.as_dict(),
+        row = {"problem": p.id, "settings": asdict(p), "data_hash": data_hash(p), "algorithm": 2, **ref.as_dict(),
                "wall": time.perf_counter() - t0}
         append(out, row)
         print(f"{p.id}: nll {ref.nll:.8g}, {ref.n_reached}/{ref.n_starts} starts reached it, "
@@ -535,6 +555,7 @@ def main(argv=None) -> None:
     parser.add_argument("--follow", action="store_true",
                         help="fits: keep going as the reference run adds problems, until every selected fit ran")
     parser.add_argument("--reverse", action="store_true", help="reference: last problem first (a second run)")
+    parser.add_argument("--cheap-first", action="store_true", help="reference: cheapest problems first")
     parser.add_argument("--no-reference-needed", action="store_true", help="run fits without a reference yet")
     args = parser.parse_args(argv)
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
