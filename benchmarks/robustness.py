@@ -21,7 +21,20 @@ Commands (run from the repository root; the fits use whatever ``pgpgm`` is impor
     python benchmarks/robustness.py reference [--limit N] ...    # reference optima (cached)
     python benchmarks/robustness.py fits [--limit N] [--out FILE] ...   # fits (resumable)
     python benchmarks/robustness.py report [--out FILE]          # robustness.md from the rows
-    python benchmarks/robustness.py --only lv-007-rbf-s0          # one fit, printed
+    python benchmarks/robustness.py --only fhn-issue-rbf-s0       # one fit, printed
+    python benchmarks/robustness.py baseline --preface FILE     # the misses, for the notes
+
+Runs used for the committed results (one process each, ``nice -n 10``; the second reference run
+takes problems the first has not claimed)::
+
+    nice -n 10 python benchmarks/robustness.py reference --cheap-first &
+    nice -n 12 python benchmarks/robustness.py reference --cheap-first \
+        --references benchmarks/results/robustness_reference_b.jsonl &
+    nice -n 10 python benchmarks/robustness.py fits --follow &   # as the references come in
+
+Grid: 36 problems of the design (4 per system, seeded) and the issue's own case, each fitted with
+3 kernels x 4 fit seeds: 444 fits. The fit rows record the NLL, theta, initial values, steps
+1-3 times, step 2's iterations and stop reason; ``report`` judges them against the references.
 
 Selection: ``--only`` fit or problem ids, ``--where factor=level`` (e.g. ``--where system=seir
 --where box=x10``), ``--limit N`` (first N problems after filtering). Fits whose problem has no
