@@ -1,0 +1,138 @@
+"""A fast subset of the robustness grid (``benchmarks/robustness.py``): default fits must reach
+the global optimum of their data, as found by an independent multi-start.
+
+The references (``tests/data/robustness_reference.jsonl``) were written by
+``python benchmarks/robustness.py reference --references tests/data/robustness_reference.jsonl
+--only <problem ids>``: 500 starts of scipy's trf and dogbox from a Latin hypercube over the
+prior box, with the benchmark's own residuals and profile likelihood
+(``benchmarks/robustness_reference.py``), not pgpgm.refine. This test does not recompute them;
+it checks that the data it simulates are those the references were computed on (a hash).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pgpgm
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import robustness as rb  # noqa: E402
+import robustness_reference as rr  # noqa: E402
+
+REFERENCES = Path(__file__).parent / "data" / "robustness_reference.jsonl"
+
+#: The subset: small problems of several systems, kernels, boxes, noise models and known or
+#: unknown latent initial values, and the issue's own FitzHugh-Nagumo case (default settings).
+CI_FITS = [
+    "fhn-issue-rbf-s0",     # the issue's call: FitzHugh-Nagumo, R observed, default kernel, box and seed
+    "fhn-issue-rbf-s1",     # the same data, another seed
+    "fhn-010-sigmoid-s0",   # 20 points, box 10 x truth
+    "pt-002-matern52-s0",   # protein transduction, 4 observed states, 1 % noise, box 10 x truth
+    "mm-035-sigmoid-s0",    # Michaelis-Menten, tight box, unknown latent initial value
+    "rm-006-rbf-s0",        # Rosenzweig-MacArthur (Holling II), tight box, 20 % noise
+    "seir-007-matern52-s0",  # SEIR, default box, unknown latent initial value (E0)
+    "rm-015-sigmoid-s2",    # Rosenzweig-MacArthur, lognormal noise, unknown P0, box 10 x truth
+]
+#: Fits that missed the global optimum before the stop rule judged the optimum's fit and searched
+#: the prior box (issue 29): fhn-issue-rbf-s0 (both chains stopped at 150 iterations in the mode
+#: theta ~ (1.52, 2.42, 1.64)) and seir-007-matern52-s0 (stopped at 200 iterations in the mode
+#: theta ~ (6.62, 0.90, 3.27)); a fit that misses now is marked here with the reason (strict xfail).
+KNOWN_MISSES: dict[str, str] = {}
+_ROWS: dict[str, dict] = {}
+
+
+def _references() -> dict[str, dict]:
+    return {r["problem"]: r for r in map(json.loads, REFERENCES.read_text().splitlines()) if r}
+
+
+def _row(fit_id: str) -> dict:
+    """The fit's benchmark row (run once per test session)."""
+    if fit_id not in _ROWS:
+        _ROWS[fit_id] = rb.run_fit(rb.fit_by_id(fit_id))
+    return _ROWS[fit_id]
+
+
+def test_the_references_are_an_independent_multistart_of_500_starts():
+    refs = _references()
+    assert {rb.fit_by_id(f).problem.id for f in CI_FITS} <= set(refs)
+    for ref in refs.values():
+        assert ref["n_starts"] >= 500 and 0 <= ref["n_reached"] <= ref["n_starts"]
+        assert min(ref["nll_starts"]) >= ref["nll"] - rr.REL_TOL * rr.scale_of(ref["nll"], ref["n_obs"])
+
+
+@pytest.mark.parametrize("fit_id", [pytest.param(f, marks=pytest.mark.xfail(reason=KNOWN_MISSES[f], strict=True))
+                                    if f in KNOWN_MISSES else f for f in CI_FITS])
+def test_default_fit_reaches_the_global_optimum(fit_id):
+    fit = rb.fit_by_id(fit_id)
+    ref = _references()[fit.problem.id]
+    assert rb.data_hash(fit.problem) == ref["data_hash"], "the data changed: recompute the reference"
+    row = _row(fit_id)
+    assert not row["error"]
+    verdict = rr.compare(row["nll"], ref["nll"], ref["n_obs"])
+    assert verdict in ("optimum", "better"), (
+        f"{fit_id}: refined NLL {row['nll']:.8g} vs global optimum {ref['nll']:.8g}; refined theta "
+        f"{np.round(row['theta'], 4).tolist()} vs {np.round(ref['theta'], 4).tolist()}")
+
+
+@pytest.mark.parametrize("fit_id", ["fhn-issue-rbf-s0", "mm-035-sigmoid-s0", "rm-015-sigmoid-s2"])
+def test_the_reference_nll_is_the_fits_likelihood(fit_id):
+    """The multi-start's profile NLL at the fit's refined point equals the fit's refinement_nll
+    (same likelihood definition, constants included): Gaussian and lognormal noise, known and
+    unknown latent initial values."""
+    row = _row(fit_id)
+    problem = rb.reference_problem(rb.fit_by_id(fit_id).problem)
+    free = np.asarray(row["x0_refined"])[list(problem.free)]
+    if problem.lognormal:
+        free[: len(problem.observed)] = np.log(free[: len(problem.observed)])
+    q = np.concatenate([row["theta"], free])
+    assert problem.nll(q) == pytest.approx(row["nll"], rel=1e-9, abs=1e-9)
+
+
+def _repressilator(x, th):
+    m1, m2, m3, p1, p2, p3 = x.T
+    alpha, alpha0, beta = th
+    return np.column_stack([-m1 + alpha / (1 + p3**2) + alpha0, -m2 + alpha / (1 + p1**2) + alpha0,
+                            -m3 + alpha / (1 + p2**2) + alpha0, -beta * (p1 - m1), -beta * (p2 - m2),
+                            -beta * (p3 - m3)])
+
+
+def _rosenzweig_macarthur(x, th):
+    N, P = x.T
+    r, K, a, h, m = th
+    eat = a * N * P / (1 + a * h * N)
+    return np.column_stack([r * N * (1 - N / K) - eat, 0.5 * eat - m * P])
+
+
+def _seir(x, th):
+    S, E, I, R = x.T
+    beta, sigma, gamma = th
+    return np.column_stack([-beta * S * I, beta * S * I - sigma * E, sigma * E - gamma * I, gamma * I])
+
+
+def _michaelis_menten(x, th):
+    S, E, C, P = x.T
+    k1, km1, k2 = th
+    bind = k1 * E * S
+    return np.column_stack([-bind + km1 * C, -bind + (km1 + k2) * C, bind - (km1 + k2) * C, k2 * C])
+
+
+@pytest.mark.parametrize(("name", "rhs"), [("repressilator", _repressilator),
+                                           ("rosenzweig-macarthur", _rosenzweig_macarthur),
+                                           ("seir", _seir), ("michaelis-menten", _michaelis_menten)])
+def test_new_models_encode_their_published_equations_and_simulate(name, rhs):
+    """The model file's equations equal the cited ones (written out here in numpy) at random
+    states and parameters; the first case has a latent state; every case simulates to finite data."""
+    spec = pgpgm.load_model(name)
+    rng = np.random.default_rng(0)
+    S, P = spec.system.n_states, spec.system.n_parameters
+    x, theta = rng.uniform(0.1, 3.0, (50, S)), rng.uniform(0.1, 3.0, P)
+    np.testing.assert_allclose(spec.system.rhs_on_grid(np.zeros(50), x, theta), rhs(x, theta), rtol=1e-12)
+    assert S >= 2 and (name != "repressilator" or S >= 5)
+    assert set(spec.case().observed) < set(spec.system.states)  # the first case has a latent state
+    for case_name in spec.cases:
+        data = spec.simulate(case_name, seed=0)
+        assert np.all(np.isfinite(data.y.values)) and np.all(data.truth.values >= 0)
