@@ -1,0 +1,83 @@
+"""Same seeds, same numbers: a restructure of the package changes no draw and no refined point.
+
+``tests/data/same_numbers.npz`` holds the numbers of three seeded fits - step 2's chains, step 3's
+refined point and its likelihood, step 4's draws - as the code computed them at commit 381d5bf
+(before the package was reorganised into the pipeline's folders, issue 32). Regenerate the file only
+for a change that is meant to change numbers (``python tests/test_same_numbers.py``), and say so in
+the commit.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pgpgm
+
+GOLDEN = Path(__file__).parent / "data" / "same_numbers.npz"
+
+
+def _fits() -> dict[str, np.ndarray]:
+    """(name -> array) from three small seeded fits through the public API only."""
+    out = {}
+    fhn = pgpgm.load_model("fitzhugh-nagumo")
+    data = fhn.simulate("R-observed", seed=3)
+    lv = pgpgm.load_model("lotka-volterra")
+    lv_data = lv.simulate("x1-observed", seed=1)
+    runs = {
+        # the default stop rule, step 4 with PyMC's NUTS (one round, no budget: deterministic)
+        "fhn": lambda: pgpgm.fit(fhn.system, data, x0={"V": -1.0}, priors=(0.0, 10.0), draws=300, tune=200, seed=5,
+                                 posterior_draws=60, posterior_tune=60, posterior_chains=2, posterior_rounds=1,
+                                 posterior_budget=None, cores=1, progressbar=False),
+        # a fixed parameter, lognormal noise (the log-scale path), the paper's elementwise scheme, the whole budget
+        "lv": lambda: pgpgm.fit(lv.system, lv_data, priors=(0.0, 5.0), fixed={"theta4": 1.0}, noise="lognormal",
+                                draws=200, tune=100, seed=2, scheme="elementwise", stop="never",
+                                posterior="laplace", posterior_draws=50, posterior_chains=2, progressbar=False),
+        # an unknown latent initial value, the sigmoid kernel, no step 4
+        "lvx0": lambda: pgpgm.fit(lv.system, lv_data, x0={"x2": (0.0, 10.0)}, kernel="sigmoid",
+                                  priors=(0.0, 5.0), draws=300, tune=200, seed=7, posterior=None,
+                                  progressbar=False),
+    }
+    for name, run in runs.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = run()
+        chains = r.gradient_matching.posterior
+        for v in sorted(chains.data_vars):
+            out[f"{name}/step2/{v}"] = chains[v].values
+        out[f"{name}/refined"] = r.estimates["theta"].sel(estimate="refined").values
+        out[f"{name}/x0"] = r.estimates["x0"].values
+        out[f"{name}/nll"] = np.array(r.nll)
+        out[f"{name}/nll_per_start"] = r.estimates["nll_per_start"].values
+        if r.posterior is not r.gradient_matching:
+            for v in sorted(r.posterior.posterior.data_vars):
+                out[f"{name}/step4/{v}"] = r.posterior.posterior[v].values
+    return out
+
+
+@pytest.fixture(scope="module")
+def numbers():
+    return _fits()
+
+
+def test_the_golden_file_covers_every_step(numbers):
+    golden = np.load(GOLDEN)
+    assert set(golden.files) == set(numbers)
+    for step in ("step2", "step4"):
+        assert any(f"/{step}/" in k for k in golden.files)
+
+
+def test_draws_and_refined_points_are_those_of_before_the_restructure(numbers):
+    golden = np.load(GOLDEN)
+    for k in golden.files:
+        np.testing.assert_array_equal(numbers[k], golden[k], err_msg=k)
+
+
+if __name__ == "__main__":
+    GOLDEN.parent.mkdir(exist_ok=True)
+    np.savez_compressed(GOLDEN, **_fits())
+    print(f"wrote {GOLDEN}", file=sys.stderr)
