@@ -36,10 +36,11 @@ import numpy as np
 import pandas as pd
 
 from .errors import DataError, PgpgmError, ResultFileError
-from .ode.spec import ModelSpec, load_model
+from .spec import ModelSpec, load_model
 from .ode.system import ODESystem
 from .processes import main_module_hidden
-from .result import check_replaceable
+from .pipeline import fit
+from .result import check_replaceable, load_result
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _TIDY = ("time", "state", "value")
@@ -244,8 +245,6 @@ def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
     -------
     (FitResult, list of str) : the result and the messages of the warnings the fit raised.
     """
-    from .pipeline import fit
-
     system, data, kwargs = resolve_job(job, fit_defaults)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -393,8 +392,6 @@ def _finished(path: Path):
     """The result at ``path`` if it exists and verifies, else None."""
     if not path.is_file():
         return None
-    from .result import load_result
-
     try:
         return load_result(path)
     except ResultFileError:

@@ -10,6 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+import pgpgm
+
+from .errors import DataError, ModelDefinitionError, PgpgmError
+
 
 EXIT_OK, EXIT_FIT_FAILED, EXIT_USAGE = 0, 1, 2  # exit codes: success, a failed fit, a usage or input error
 
@@ -96,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="NUTS tuning steps per chain (default 500)")
         q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
         q.add_argument("--posterior-rounds", type=_count(1), default=None,
-                       help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.MAX_ROUNDS)")
+                       help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.nuts.MAX_ROUNDS)")
         q.add_argument("--stop", choices=("agree", "never"), default="agree",
                        help="end the gradient-matching chains once the optima refined from their means agree "
                        "(default), or never (the whole published budget)")
@@ -205,7 +209,6 @@ def _has_tabulate() -> bool:
 
 
 def _run(a) -> int:
-    import pgpgm
 
     spec = pgpgm.load_model(a.model)
     case = spec.case(a.case)
@@ -222,13 +225,12 @@ def _run(a) -> int:
                           progressbar=not a.no_progress, **_posterior_options(a))
     extra = []
     if "least_squares_bad_start" in case.extra:  # the published local-minimum example
-        from .refine import LeastSquaresProblem, refine
 
         idx = spec.system.index_of_states(observed)
-        problem = LeastSquaresProblem(pgpgm.Integrator(spec.system, case.times), data.y.values, idx,
+        problem = pgpgm.LeastSquaresProblem(pgpgm.Integrator(spec.system, case.times), data.y.values, idx,
                                       data.noise_sd.values, case.x0)
         start = np.asarray(case.extra["least_squares_bad_start"], float)
-        lsq = refine(problem, start, case.prior_bounds)
+        lsq = pgpgm.refine(problem, start, case.prior_bounds)
         extra = [f"least squares alone from {start.tolist()}: theta = {np.round(lsq.theta, 4).tolist()}, "
                  f"cost {lsq.cost:.1f}; pgpgm: cost {problem.cost(result.theta):.1f}"]
     _write_outputs(result, out, f"{spec.system.name}, case {case.name} (observed {', '.join(observed)})", extra)
@@ -238,8 +240,6 @@ def _run(a) -> int:
 def _fit_or_fail(*args, **kwargs):
     """:func:`pgpgm.fit`; an input error it finds stays an input error (exit 2), any other
     failure inside the fit becomes :class:`FitFailed` (exit 1)."""
-    import pgpgm
-    from .errors import DataError, ModelDefinitionError
 
     try:
         return pgpgm.fit(*args, **kwargs)
@@ -395,7 +395,6 @@ def _fixed_arguments(items: list[str], parameters) -> dict[str, float]:
 
 
 def _fit(a) -> int:
-    import pgpgm
 
     spec = pgpgm.load_model(a.model)
     case = spec.case()
@@ -429,8 +428,6 @@ def _fit(a) -> int:
 def _batch(a) -> int:
     """Fit every data set of ``--data``; write one result file per fit and summary.csv to
     ``--out``. Exit status 0 when every fit succeeded (or was done before), 1 otherwise."""
-    import pgpgm
-    from .batch import jobs_from_folder, jobs_from_tidy_csv
 
     spec = pgpgm.load_model(a.model)
     case = spec.case()
@@ -451,7 +448,7 @@ def _batch(a) -> int:
     if a.bounds:
         opts["priors"] = tuple(a.bounds)
     out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_batch")
-    build = jobs_from_folder if a.data.is_dir() else jobs_from_tidy_csv
+    build = pgpgm.jobs_from_folder if a.data.is_dir() else pgpgm.jobs_from_tidy_csv
     jobs = build(a.data, spec, observed=a.observe)
     table = pgpgm.fit_many(jobs, out, scheduler=a.scheduler, n_workers=a.workers, progressbar=not a.no_progress,
                            save_on_workers=True if a.save_on_workers else None, **opts)
@@ -469,7 +466,6 @@ def _posterior_options(a) -> dict:
 
 
 def _sensitivity(a) -> int:
-    import pgpgm
 
     spec = pgpgm.load_model(a.model)
     case = spec.case(a.case)
@@ -488,7 +484,6 @@ def _sensitivity(a) -> int:
 
 
 def _list(a) -> int:
-    import pgpgm
 
     for name in pgpgm.available_models():
         spec = pgpgm.load_model(name)
@@ -499,9 +494,7 @@ def _list(a) -> int:
 
 
 def _info(a) -> int:
-    from .versions import show_versions
-
-    show_versions()
+    pgpgm.show_versions()
     return 0
 
 
@@ -511,7 +504,6 @@ def main(argv: list[str] | None = None) -> int:
     traceback. Output cut short by a closed pipe (``pgpgm list | head -1``) ends quietly with 0."""
     import tomllib
 
-    from .errors import PgpgmError
 
     debug = os.environ.get("PGPGM_DEBUG", "") not in ("", "0")
     commands = {"run": _run, "fit": _fit, "batch": _batch, "sensitivity": _sensitivity, "list": _list, "info": _info}

@@ -34,6 +34,7 @@ from .data import Observations, as_observations
 from .errors import DataError
 from .ode.system import ODESystem
 from .ode.transform import LogScale
+from .result import FitResult
 
 NOISE_MODELS = ("normal", "lognormal")
 TRANSFORMS = ("log", "none")
@@ -99,8 +100,6 @@ class Scales:
         log likelihoods of the data (+ sum of log y over lognormal states); the noise sds
         stay as fitted (log scale for lognormal states, named in the attributes).
         """
-        from .result import FitResult
-
         scale, system = self.likelihood_scale, self.original.system
         lognormal = [s for s, n in self.noise.items() if n == "lognormal"]
         y = self.original.obs.values

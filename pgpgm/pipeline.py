@@ -11,21 +11,23 @@ from dataclasses import replace
 import numpy as np
 import xarray as xr
 
-from .data import as_float_array, as_observations, check_count, check_gamma, initial_values, noise_levels
-from .density import fit_gps, gradient_matching_density, per_state
-from .bounds import bound_report, warn_at_bounds
-from .diagnostics import diagnose, warn_if_unconverged
+from .checks import as_float_array, check_count, check_gamma, noise_levels
+
+from .data import as_observations, initial_values
+from .matching.density import fit_gps, gradient_matching_density, per_state
+from .refinement.bounds import bound_report, warn_at_bounds
+from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .ode.system import ODESystem
-from .posterior import (MAX_ROUNDS, PosteriorBudget, build_ode_model, laplace_posterior, log_scale_names,
+from .posterior.nuts import (MAX_ROUNDS, PosteriorBudget, build_ode_model, laplace_posterior, log_scale_names,
                         posterior_notes, sample_posterior)
 from .gp.kernels import KERNELS
 from .logscale import Problem, plan_scales
 from .priors import PriorSpec, Priors
-from .refine import LeastSquaresProblem, Refinement, refine
+from .refinement.least_squares import LeastSquaresProblem, Refinement, refine
 from .result import FitResult
-from .sampling import get_scheme, sample
-from .sampling.stopping import RefinedAgreement
+from .matching import get_scheme, sample
+from .stopping import RefinedAgreement
 from .solve import Integrator, Solver
 
 _DENSE = 400  # points of the plotted trajectories
@@ -81,13 +83,13 @@ def fit(
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
     ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
-    :func:`pgpgm.posterior.sample_posterior`'s ``max_rounds``; all rounds within ``posterior_budget``:
+    :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; all rounds within ``posterior_budget``:
     a :class:`pgpgm.PosteriorBudget`, default 60 s and 300000 gradient evaluations, a number of
     seconds, or None for no limit; once it is spent the fit returns the draws it has with a
     ConvergenceWarning saying so; chains that sit in separate modes are named, each with the optimum
     its mean refines to, instead of pooled), ``"laplace"`` (draws from the Gaussian
     approximation at the refined optimum) or None (the gradient-matching chains are the
-    result's posterior). A :class:`~pgpgm.diagnostics.ConvergenceWarning` names every
+    result's posterior). A :class:`~pgpgm.posterior.diagnostics.ConvergenceWarning` names every
     parameter of the main posterior with R-hat > 1.01, ESS < 400, and any divergences.
 
     Parameters are those of :func:`pgpgm.gradient_matching_density` and :func:`pgpgm.sample`;
@@ -101,7 +103,7 @@ def fit(
     state) off the prior box's bounds; while it does not, least squares from points spread
     over the prior box search beside the chains, and such an optimum stops the chains only
     once 20 of those points found nothing better
-    (:class:`pgpgm.sampling.stopping.RefinedAgreement`: the chains have found the basin);
+    (:class:`pgpgm.stopping.RefinedAgreement`: the chains have found the basin);
     ``"never"`` runs the whole budget ``tune + draws`` per chain (the published setting);
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
@@ -139,7 +141,7 @@ def fit(
     of its draws within half their sd (at most 1 % of the box width) of a bound, gives a
     :class:`~pgpgm.errors.BoundWarning` naming the parameter and the bound, with a hint to
     widen the prior; ``result.at_bounds`` and the ``at_bound`` column of
-    ``result.parameter_table()`` record it (:mod:`pgpgm.bounds`).
+    ``result.parameter_table()`` record it (:mod:`pgpgm.refinement.bounds`).
 
     Raises
     ------

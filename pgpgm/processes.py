@@ -6,7 +6,7 @@ stays locked in the child, which can then deadlock (Python warns: "This process 
 multi-threaded, use of fork() may lead to deadlocks in the child"). pgpgm's worker processes
 therefore never fork the calling process:
 
-- step 2's chains (:mod:`pgpgm.sampling.driver`): ``python -m pgpgm.sampling.worker`` through
+- step 2's chains (:mod:`pgpgm.matching.driver`): ``python -m pgpgm.matching.worker`` through
   :mod:`subprocess` (fork and exec at once, nothing of the parent runs in the child);
 - step 4's NUTS chains: ``pm.sample`` with the :mod:`multiprocessing` context of
   :func:`chain_context` (:data:`START_METHOD`: forks of a single-threaded server process that
@@ -16,7 +16,7 @@ therefore never fork the calling process:
 
 A chain process gets the compiled model by unpickling PyMC's step method: PyTensor rebuilds
 the graph's function from its compile cache and numba's, and pgpgm's kernels from
-:mod:`pgpgm.ode.kernel_cache` (nothing is compiled again). It runs one BLAS/OpenMP thread
+:mod:`pgpgm.codegen.cache` (nothing is compiled again). It runs one BLAS/OpenMP thread
 (PyMC's ``blas_cores`` split over the chains), so the draws are the same whatever the
 thread settings (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, threadpoolctl) of the caller.
 """

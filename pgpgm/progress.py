@@ -2,7 +2,7 @@
 
 The first fit of a model in a new process compiles its kernels and log density (seconds;
 loaded from the disk caches when an earlier process compiled them, see
-:mod:`pgpgm.ode.kernel_cache`). Without a message the sampler's bar would sit at 0 %.
+:mod:`pgpgm.codegen.cache`). Without a message the sampler's bar would sit at 0 %.
 """
 
 from __future__ import annotations

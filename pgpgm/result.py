@@ -18,6 +18,8 @@ import xarray as xr
 
 from .errors import ResultFileError
 from .ode.system import ODESystem
+from .plots import plot_parameters, plot_states
+from .posterior.diagnostics import problems
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class FitResult:
     def at_bounds(self) -> dict[str, str]:
         """Parameters at a bound of their Uniform prior (refined estimate on it, or > 10 % of
         the posterior within 1 % of the box width of it): name -> the warning's text
-        (:mod:`pgpgm.bounds`); empty when none is."""
+        (:mod:`pgpgm.refinement.bounds`); empty when none is."""
         e = self.estimates
         if "at_bound" not in e:
             return {}
@@ -149,22 +151,16 @@ class FitResult:
 
     def convergence_problems(self) -> dict[str, list[str]]:
         """Failed convergence checks per posterior (empty lists when every check passes)."""
-        from .diagnostics import problems
-
         if self.diagnostics is None:
             return {}
         return {str(s): problems(_one_sampler(self.diagnostics, s)) for s in self.diagnostics["sampler"].values}
 
     def plot_states(self, **kwargs):
         """Every state: truth, observations, sampling-step and refined trajectories."""
-        from .plots import plot_states
-
         return plot_states(self, **kwargs)
 
     def plot_parameters(self, **kwargs):
         """Parameter estimates (sampled with its posterior, refined with +-2 se) against the truth."""
-        from .plots import plot_parameters
-
         return plot_parameters(self, **kwargs)
 
     def save(self, path: str | Path) -> Path:
@@ -409,6 +405,6 @@ def load_result(path: str | Path, *, verify: bool = True) -> FitResult:
 
 
 def _one_sampler(diag: xr.Dataset, sampler: str) -> xr.Dataset:
-    """The diagnostics of one sampler, as :func:`pgpgm.diagnostics.diagnose` returns them."""
+    """The diagnostics of one sampler, as :func:`pgpgm.posterior.diagnostics.diagnose` returns them."""
     one = diag.sel(sampler=sampler).dropna("variable", how="all")
     return one[["rhat", "ess_bulk", "ess_tail"]].assign_attrs(divergences=int(one["divergences"]))

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from .data import as_float_array, check_times
+from .checks import as_float_array, check_times
 from .errors import DataError
 from .logscale import NOISE_MODELS, per_state
 from .solve import Integrator, Solver

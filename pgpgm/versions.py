@@ -13,6 +13,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from .codegen.cache import cache_dir
+from .solve import available_solvers, sundials
+
 #: Modules pgpgm imports only when they are installed, and the extra that installs each
 #: (``pip install "pgpgm[tables]"``). Every other third-party module pgpgm imports is a
 #: core requirement (tests/test_install.py checks both against the package metadata).
@@ -57,8 +60,6 @@ def version_info() -> dict[str, str]:
     then ``SUNDIALS``, ``SUNDIALS library``, ``ODE backend``, ``numba cache`` and
     ``PyTensor compiledir``.
     """
-    from .solve import sundials
-    from .solve import available_solvers
 
     info = {
         "python": sys.version.replace("\n", " "),
@@ -81,8 +82,6 @@ def version_info() -> dict[str, str]:
     info["ODE backend"] = ("cvode (SUNDIALS CVODE with compiled callbacks)" if backend == "cvode"
                            else f"{backend}, because the compiled CVODE backend is unusable: {st.reason}")
     info["numba cache"] = _numba_cache_dir()
-    from .ode.kernel_cache import cache_dir
-
     info["model kernel cache"] = f"{cache_dir()} (PGPGM_CACHE_DIR to move; safe to delete)"
     import pytensor
 

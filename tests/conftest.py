@@ -29,7 +29,7 @@ def scipy_reference(system, theta, x0, times):
     import sympy as sp
     from scipy.integrate import solve_ivp
 
-    t, xs, ps = system._symbols
+    t, xs, ps = system.symbols
     f = sp.lambdify((t, xs, ps), list(system.expressions), "numpy")
     sol = solve_ivp(lambda tt, y: f(tt, y, theta), (times[0], times[-1]), np.asarray(x0, float),
                     method="DOP853", t_eval=times, rtol=1e-12, atol=1e-12)

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import pgpgm
-from pgpgm.data import as_observations, check_count, initial_values, noise_levels
-from pgpgm.density import GradientMatchingDensity
+from pgpgm.checks import check_count, noise_levels
+from pgpgm.data import as_observations, initial_values
+from pgpgm.matching.density import GradientMatchingDensity
 from pgpgm.errors import DataError, ModelDefinitionError, PgpgmError
 
 T = np.linspace(0.0, 2.0, 20)

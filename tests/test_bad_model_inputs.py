@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import pgpgm
 from pgpgm import ModelDefinitionError, ODESystem
 from pgpgm.ode.parse import MAX_LENGTH
-from pgpgm.ode.spec import spec_from_dict
+from pgpgm.spec import spec_from_dict
 
 # ------------------------------------------------------------------ equation strings
 BAD_EQUATIONS = [

@@ -15,7 +15,7 @@ from scipy.optimize import least_squares
 import pgpgm
 from pgpgm.errors import ModelDefinitionError
 from pgpgm.ode.system import ODESystem
-from pgpgm.refine import LeastSquaresProblem, refine
+from pgpgm.refinement import LeastSquaresProblem, refine
 from pgpgm.solve import LSODA, SksundaeCVODE
 from pgpgm.solve.op import ODEOp
 from pgpgm.solve.numba_op import numba_ode_function
@@ -93,7 +93,7 @@ def test_too_many_breakpoints_is_a_clear_error():
 def test_pk_infusion_matches_closed_form(pk, solver):
     if not solver.available():
         pytest.skip(f"{solver.name} not installed")
-    it = solver.integrator(pk, TIMES)
+    it = pgpgm.Integrator(pk, TIMES, solver)
     for x0 in ([0.0, 0.0], [3.0, 1.0]):
         exact = infusion_exact(TIMES, *THETA, *x0)
         scale = np.abs(exact).max(axis=0)
@@ -112,20 +112,20 @@ def test_no_right_hand_side_evaluation_at_a_break_reads_the_next_piece(pk, solve
         pytest.skip(f"{solver.name} not installed")
     theta, x0 = np.array([4.994023626318701, 19.95987580650593, 0.7400126138197649]), [-2.692152992274159e-4, 0.0]
     exact = infusion_exact(TIMES, *theta, *x0)
-    x = solver.integrator(pk, TIMES).solve(theta, x0)
+    x = pgpgm.Integrator(pk, TIMES, solver).solve(theta, x0)
     assert np.max(np.abs(x - exact) / np.abs(exact).max(axis=0)) < 2e-7
     # output times on the breaks, one of them alone in its piece (a two-point grid is a span to
     # scikit-sundae, which then returns every internal step)
     times = np.array([0.0, 0.5, 1.0, 12.0, 12.5, 13.0, 20.0])
     exact = infusion_exact(times, *theta, *x0)
-    x = solver.integrator(pk, times).solve(theta, x0)
+    x = pgpgm.Integrator(pk, times, solver).solve(theta, x0)
     assert np.max(np.abs(x - exact) / np.abs(exact).max(axis=0)) < 2e-7
 
 
 def test_output_times_on_and_next_to_breakpoints(pk):
     times = np.array([0.0, 0.5, 1.0, np.nextafter(1.0, 2.0), 1.0 + 1e-12, 12.0, 13.0 - 1e-13, 13.0, 24.0])
     for solver in (pgpgm.CVODE(rtol=1e-11, atol=1e-11), LSODA(rtol=1e-11, atol=1e-11)):
-        x = solver.integrator(pk, times).solve(THETA, [0.0, 0.0])
+        x = pgpgm.Integrator(pk, times, solver).solve(THETA, [0.0, 0.0])
         exact = infusion_exact(times, *THETA)
         assert np.max(np.abs(x - exact) / np.abs(exact).max(axis=0)) < 1e-8, solver.name
 
@@ -146,7 +146,7 @@ def test_sensitivities_match_finite_differences_in_every_unknown(pk):
     """Fourth-order central differences of the solve (h = 1 % of each unknown, truncation
     ~1e-8) against the forward sensitivities, at a tolerance where the solver's rounding
     divided by h stays below 1e-7."""
-    it = pgpgm.CVODE(rtol=1e-10, atol=1e-10).integrator(pk, TIMES)
+    it = pgpgm.Integrator(pk, TIMES, pgpgm.CVODE(rtol=1e-10, atol=1e-10))
     q0 = np.array([*THETA, 0.3, 0.2])
     _, dth, dx0 = it.solve_sensitivities(q0[:3], q0[3:])
     sens = np.concatenate([dth, dx0], axis=2)
@@ -193,7 +193,7 @@ def test_least_squares_reaches_one_optimum_from_several_starts(pk):
     ref = least_squares(lambda q: (infusion_exact(TIMES, q[0], q[1], 0.7)[:, 0] - y) / sd, [3.0, 15.0],
                         xtol=1e-15, ftol=1e-15, gtol=1e-15, method="lm")
     ref_nll = nll_of(ref.fun)
-    prob = LeastSquaresProblem(pgpgm.CVODE(rtol=1e-11, atol=1e-11).integrator(pk, TIMES), y[:, None], [0], [sd],
+    prob = LeastSquaresProblem(pgpgm.Integrator(pk, TIMES, pgpgm.CVODE(rtol=1e-11, atol=1e-11)), y[:, None], [0], [sd],
                                [0.0, 0.0])
     bounds = np.array([[0.0, 50.0], [0.0, 100.0], [0.0, 5.0]])
     with warnings.catch_warnings():

@@ -9,7 +9,7 @@ from scipy import stats
 
 import pgpgm
 from pgpgm import DataError, Integrator, ODESystem, build_model, gradient_matching_density, sample
-from pgpgm.refine import LeastSquaresProblem, refine
+from pgpgm.refinement import LeastSquaresProblem, refine
 from tests.conftest import scipy_reference
 
 CASES = [("lotka-volterra", "x1-observed"), ("fitzhugh-nagumo", "R-observed"), ("protein-transduction", "S-R-latent")]

@@ -9,7 +9,7 @@ import xarray as xr
 
 import pgpgm
 from pgpgm.cli import main
-from pgpgm.refine import LeastSquaresProblem, refine
+from pgpgm.refinement import LeastSquaresProblem, refine
 
 
 def test_fitzhugh_nagumo_local_minimum_is_escaped(fhn):

@@ -1,4 +1,4 @@
-"""The disk cache of compiled kernels (pgpgm.ode.kernel_cache): a second process loads what the
+"""The disk cache of compiled kernels (pgpgm.codegen.cache): a second process loads what the
 first compiled, a changed model never gets the old kernels, concurrent writers never corrupt it.
 
 Each test runs fresh Python processes (the cache is per process in memory) with their own empty
@@ -24,7 +24,7 @@ _SCRIPT = textwrap.dedent('''
     import numpy as np
     from numba.core import event
     import pgpgm
-    from pgpgm.ode import kernel_cache
+    from pgpgm.codegen import cache as kernel_cache
 
     rhs = os.environ["RHS"]
     system = pgpgm.ODESystem.from_equations({"x": rhs}, ["k", "c"])
@@ -127,7 +127,7 @@ def test_concurrent_processes_share_the_cache_without_corrupting_it(tmp_path):
     assert len({r["key"] for r in results}) == 1
     folder = tmp_path / "pgpgm" / "kernels"
     assert [p.name for p in folder.glob(".tmp-*")] == []  # no half-written module left behind
-    from pgpgm.ode import codegen
+    from pgpgm.ode import kernels as codegen
     import pgpgm
 
     system = pgpgm.ODESystem.from_equations({"x": _DECAY_SOURCE}, ["k", "c"])
@@ -148,7 +148,7 @@ def test_damaged_module_file_is_replaced(tmp_path):
 
 
 def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
-    from pgpgm.ode import kernel_cache
+    from pgpgm.codegen import cache as kernel_cache
 
     monkeypatch.setenv("PGPGM_CACHE_DIR", str(tmp_path / "here"))
     assert kernel_cache.cache_dir() == tmp_path / "here" / "kernels"
@@ -156,7 +156,7 @@ def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_unwritable_cache_folder_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
-    from pgpgm.ode import kernel_cache
+    from pgpgm.codegen import cache as kernel_cache
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -28,9 +28,9 @@ def _lv(t, x, th):  # written out by hand, independent of pgpgm's kernels
 def test_transformed_names_and_equations():
     t = log_transform(LV, ["x1"])
     assert t.states == ("log_x1", "x2") and t.parameters == LV.parameters
-    u, x2 = t._symbols[1]
+    u, x2 = t.symbols[1]
     import sympy as sp
-    th = t._symbols[2]
+    th = t.symbols[2]
     assert sp.simplify(t.expressions[0] - (th[0] - th[1] * x2)) == 0  # (a x - b x y)/x
     assert sp.simplify(t.expressions[1] - (-th[2] * x2 + th[3] * sp.exp(u) * x2)) == 0
     assert ODESystem.from_dict(t.to_dict()).expressions == t.expressions  # saves and loads exactly

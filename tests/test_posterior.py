@@ -8,8 +8,8 @@ from scipy import stats
 
 import pgpgm
 from pgpgm.data import as_observations
-from pgpgm.diagnostics import ConvergenceWarning, diagnose
-from pgpgm.posterior import build_ode_model, sample_posterior
+from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
+from pgpgm.posterior.nuts import build_ode_model, sample_posterior
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
 T = np.linspace(0, 3, 12)
@@ -134,7 +134,7 @@ def test_unconverged_posterior_warns_naming_the_parameters():
     tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": SD}, draws=30, tune=30, chains=2,
                             cores=1, seed=0, progressbar=False)
     diag = diagnose(tree, layout.free)
-    from pgpgm.diagnostics import problems, warn_if_unconverged
+    from pgpgm.posterior.diagnostics import problems, warn_if_unconverged
 
     found = problems(diag)
     assert any("ESS < 400 for k" in f for f in found)
@@ -170,7 +170,7 @@ def test_prior_terms_are_float64_and_exact():
     """Every term of the ODE model's log density is float64 and equals scipy's: a Uniform(0, 5)
     prior is -log 5, the noise sd's LogNormal prior scipy's lognorm (PyTensor makes Python-float
     bounds float32 constants otherwise: -log 5 off by 1e-8)."""
-    from pgpgm.posterior import NOISE_PRIOR_LOG_SD
+    from pgpgm.posterior.nuts import NOISE_PRIOR_LOG_SD
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_center=[0.2])
@@ -188,7 +188,7 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
     import inspect
 
     import pgpgm.pipeline
-    from pgpgm.posterior import MAX_ROUNDS, sample_posterior
+    from pgpgm.posterior.nuts import MAX_ROUNDS, sample_posterior
 
     seen = []
 
@@ -267,7 +267,7 @@ def test_a_centre_on_the_prior_bound_still_samples():
 
 def test_log_scale_names_and_bad_log_scale():
     from pgpgm.errors import DataError
-    from pgpgm.posterior import log_scale_names
+    from pgpgm.posterior.nuts import log_scale_names
     from pgpgm.priors import Priors
 
     pri = Priors.from_user(["a", "b", "c", "d"], {"a": (0.0, 10.0), "b": (0.0, 10.0), "c": (1.0, 10.0),
@@ -282,7 +282,7 @@ def test_log_scale_names_and_bad_log_scale():
 def test_pooled_covariance_is_the_covariance_of_the_transformed_draws():
     import xarray as xr
 
-    from pgpgm.posterior import ValueSpace, pooled_covariance
+    from pgpgm.posterior.nuts import ValueSpace, pooled_covariance
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_center=[0.2])
@@ -304,7 +304,7 @@ def test_a_failed_first_round_is_followed_by_a_pooled_round_that_converges():
     exact posterior."""
     import json
 
-    from pgpgm.diagnostics import problems
+    from pgpgm.posterior.diagnostics import problems
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
@@ -334,7 +334,7 @@ def test_default_fit_converges_on_lotka_volterra_x1_observed(lv):
     Failed until 2026-11-23 (6 divergences where the ridge meets theta1 <= 10); passes since the
     priors are float64 and later rounds extend the chains (2026-11-24, 193 s). It needs more than step 4's
     default budget (60 s) here: posterior_budget=None (issue 30: the default returns with a warning)."""
-    from pgpgm.diagnostics import problems
+    from pgpgm.posterior.diagnostics import problems
 
     c = lv.case("x1-observed")
     with warnings.catch_warnings():
@@ -370,7 +370,7 @@ def test_step4_compiled_once_serves_a_second_data_set_with_its_own_numbers(fhn):
     from numba.core import event
     from pymc.blocking import DictToArrayBijection
 
-    from pgpgm.posterior import ValueSpace
+    from pgpgm.posterior.nuts import ValueSpace
     from pgpgm.priors import SOFT_WALL_SHARPNESS
 
     c = fhn.case("R-observed")
@@ -411,8 +411,8 @@ def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
     """next_round_draws: the last round's min ESS per draw carried to 2 x 400, kept within
     [draws, 4 draws]: 500 draws with ESS 412 (FitzHugh-Nagumo V seed 4) -> 971; 2000 draws with
     ESS 54 -> the cap 2000; 2000 draws with ESS 5000 -> the floor 500; an ESS of 0 counts as 1."""
-    from pgpgm.diagnostics import ESS_MIN
-    from pgpgm.posterior import ROUND_ESS_MARGIN, next_round_draws
+    from pgpgm.posterior.diagnostics import ESS_MIN
+    from pgpgm.posterior.nuts import ROUND_ESS_MARGIN, next_round_draws
 
     assert ROUND_ESS_MARGIN * ESS_MIN == 800
     assert next_round_draws(500, 412.0, 500) == int(np.ceil(500 * 800 / 412))
@@ -434,8 +434,8 @@ def test_later_rounds_extend_the_chains_and_are_judged_together(monkeypatch, div
     With a divergence marked in round 2 (``diverge``), round 3's draws replace round 2's."""
     import json
 
-    import pgpgm.posterior as post_mod
-    from pgpgm.posterior import ValueSpace, next_round_draws, pooled_covariance
+    import pgpgm.posterior.nuts as post_mod
+    from pgpgm.posterior.nuts import ValueSpace, next_round_draws, pooled_covariance
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])

@@ -14,8 +14,8 @@ from scipy.integrate import solve_ivp
 import pgpgm
 from pgpgm.data import as_observations
 from pgpgm.errors import DataError
-from pgpgm.refine import LeastSquaresProblem
-from pgpgm.sampling import GradientMatchingTarget, kernel
+from pgpgm.refinement import LeastSquaresProblem
+from pgpgm.matching import GradientMatchingTarget, kernel
 from tests.conftest import scipy_reference
 
 THETA, X0 = np.array([2.0, 1.0, 4.0, 1.0]), np.array([5.0, 3.0])
@@ -150,7 +150,7 @@ def test_sweeps_with_missing_values_keep_the_density_exact(latent_target, scheme
     evaluation: the O(N) updates count the observation term only where measured."""
     target = latent_target
     state = kernel.init(target, THETA)
-    sch = pgpgm.sampling.schemes.get_scheme(scheme)
+    sch = pgpgm.matching.schemes.get_scheme(scheme)
     params, _ = sch.start(target, state, 10, None, None)
     rng = np.random.default_rng(4)
     for _ in range(15):
@@ -178,7 +178,7 @@ def test_masked_refinement_and_posterior_likelihood_equal_numpy(lv):
 
 def _value_point(model, point):
     """Value-space point of constrained values (interval transform of the Uniform priors)."""
-    from pgpgm.posterior import ValueSpace
+    from pgpgm.posterior.nuts import ValueSpace
 
     return ValueSpace(model).point(point)
 
@@ -302,7 +302,7 @@ def test_per_state_kernel_and_gamma(lv):
 
 # ---------------------------------------------------------------- estimates at a prior bound
 def test_bound_report_counts_draws():
-    from pgpgm.bounds import bound_report
+    from pgpgm.refinement.bounds import bound_report
 
     priors = pgpgm.Priors.from_user(["a", "b", "c"], {"a": (0, 10), "b": (1, 2), "c": lambda n: pm.Normal(n, 0.0, 1.0)})
     rng = np.random.default_rng(0)

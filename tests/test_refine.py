@@ -8,7 +8,7 @@ from scipy import optimize
 
 import pgpgm
 from pgpgm.errors import DataError, IdentifiabilityWarning
-from pgpgm.refine import LeastSquaresProblem, refine
+from pgpgm.refinement import LeastSquaresProblem, refine
 
 
 def _tight():

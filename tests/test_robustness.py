@@ -5,7 +5,7 @@ The references (``tests/data/robustness_reference.jsonl``) were written by
 ``python benchmarks/robustness.py reference --references tests/data/robustness_reference.jsonl
 --only <problem ids>``: 500 starts of scipy's trf and dogbox from a Latin hypercube over the
 prior box, with the benchmark's own residuals and profile likelihood
-(``benchmarks/robustness_reference.py``), not pgpgm.refine. This test does not recompute them;
+(``benchmarks/robustness_reference.py``), not pgpgm.refinement.least_squares. This test does not recompute them;
 it checks that the data it simulates are those the references were computed on (a hash).
 """
 

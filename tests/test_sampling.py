@@ -15,11 +15,11 @@ from threadpoolctl import threadpool_limits
 
 import pgpgm
 from pgpgm import DataError, ODESystem, gradient_matching_density, sample
-from pgpgm.sampling import Block, GradientMatchingTarget, driver, kernel
-from pgpgm.sampling.adapt import window_ends
-from pgpgm.sampling.block import Coordinates, _proposal
-from pgpgm.sampling.conditional import conditional_gaussian
-from pgpgm.sampling.target import SweepArrays
+from pgpgm.matching import Block, GradientMatchingTarget, driver, kernel
+from pgpgm.matching.adapt import window_ends
+from pgpgm.matching.block import Coordinates, _proposal
+from pgpgm.matching.conditional import conditional_gaussian
+from pgpgm.matching.target import SweepArrays
 from tests.test_density_sampler import _gaussian_case
 
 REFERENCE = Path(__file__).parent / "data" / "elementwise_reference.npz"

@@ -9,11 +9,11 @@ import pytest
 
 import pgpgm
 import pgpgm.pipeline as pipeline
-from pgpgm.bounds import bound_report
+from pgpgm.refinement.bounds import bound_report
 from pgpgm.data import as_observations
-from pgpgm.diagnostics import ConvergenceWarning, find_modes
+from pgpgm.posterior.diagnostics import ConvergenceWarning, find_modes
 from pgpgm.errors import DataError
-from pgpgm.posterior import (TARGET_ACCEPT_MAX, PosteriorBudget, build_ode_model, posterior_notes,
+from pgpgm.posterior.nuts import (TARGET_ACCEPT_MAX, PosteriorBudget, build_ode_model, posterior_notes,
                              sample_posterior)
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
@@ -91,7 +91,7 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
     """Further rounds raise target_accept halfway to 1 (0.9 -> 0.95 -> 0.975) but not above 0.99 (0.98 ->
     0.99 -> 0.99, not 0.995, 0.9975, ... which shrank the step size without bound), at tree depth 10. The
     checks are made to fail every round here (``problems`` patched) so that three rounds run."""
-    import pgpgm.posterior as posterior
+    import pgpgm.posterior.nuts as posterior
 
     made = []
     real = posterior.pm.NUTS

@@ -13,9 +13,9 @@ import pytest
 import pgpgm
 from pgpgm import DataError, gradient_matching_density, sample
 from pgpgm.priors import Priors
-from pgpgm.refine import LeastSquaresProblem, refine
-from pgpgm.sampling import Block, Elementwise, GradientMatchingTarget
-from pgpgm.sampling.stopping import Checkpoint, Decision, RefinedAgreement
+from pgpgm.refinement import LeastSquaresProblem, refine
+from pgpgm.matching import Block, Elementwise, GradientMatchingTarget
+from pgpgm.stopping import Checkpoint, Decision, RefinedAgreement
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def _multistart_optimum(spec, case, data, c, n_starts: int, seed: int = 1):
     with the observed states' initial values started at the first observation (independent of
     the sampler)."""
     obs = pgpgm.data.as_observations(data, c.observed, spec.system)
-    gps = pgpgm.density.fit_gps(obs, c.kernel, seed=0)
+    gps = pgpgm.matching.density.fit_gps(obs, c.kernel, seed=0)
     idx = tuple(spec.system.index_of_states(obs.states))
     x0 = np.array(c.x0, float)
     x0[list(idx)] = obs.values[0]

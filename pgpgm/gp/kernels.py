@@ -29,6 +29,8 @@ from typing import Literal
 import numpy as np
 import sympy as sp
 
+from ..codegen import cache as kernel_cache
+from ..codegen.printer import PRINTER, kernel_expr
 from ..errors import DataError, ModelDefinitionError
 from ..ode.parse import parse_expression
 
@@ -245,12 +247,10 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
     ``ta`` (NA,), ``tb`` (NB,), ``h`` (H,) and every ``out_m`` (NA, NB) float64, C-contiguous).
     Their common subexpressions are computed once (:func:`sympy.cse`), each where it first can be:
     those of h alone once, those of a alone once per row, those of b alone once per column (kept in an
-    array), the rest per pair. Printed as the ODE kernels are (:mod:`pgpgm.ode.codegen`: numba
+    array), the rest per pair. Printed as the ODE kernels are (:mod:`pgpgm.ode.kernels`: numba
     never raises; 1/0 gives inf). Raises ``PrintMethodNotImplementedError`` for a function numba
     code cannot express.
     """
-    from ..ode.codegen import _PRINTER, _kernel_expr
-
     mapping = {h: sp.Symbol(f"h_{k}") for k, h in enumerate(hyper)}
     mapping.update({_a: sp.Symbol("a_"), _b: sp.Symbol("b_"), _tau: sp.Symbol("tau_")})
     level = {_tau: 3} if stationary else {_a: 1, _b: 2}  # bit 1: depends on a, bit 2: on b
@@ -265,7 +265,7 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
 
     def assign(sym: sp.Symbol, value: sp.Expr, lv: int) -> sp.Symbol:
         level[sym] = lv
-        lines[lv].append(f"{sym} = {_PRINTER.doprint(value.xreplace(mapping))}")
+        lines[lv].append(f"{sym} = {PRINTER.doprint(value.xreplace(mapping))}")
         return sym
 
     def hoist(e: sp.Expr) -> sp.Expr:
@@ -278,7 +278,7 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
             return assign(next(hoisted), e, lv)
         return e.func(*(hoist(x) for x in e.args))
 
-    repl, reduced = sp.cse([_kernel_expr(e) for e in exprs], symbols=sp.numbered_symbols("_c"))
+    repl, reduced = sp.cse([kernel_expr(e) for e in exprs], symbols=sp.numbered_symbols("_c"))
     for sym, value in repl:
         lv = level_of(value)
         assign(sym, hoist(value) if lv == 3 else value, lv)
@@ -295,7 +295,7 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
     body += [f"        {sym} = col{sym}[j_]" for sym in cols]
     body += ["        tau_ = a_ - b_"] if stationary else []
     body += ["        " + ln for ln in lines[3]]
-    body += [f"        {o}[i_, j_] = {_PRINTER.doprint(e.xreplace(mapping))}" for o, e in zip(outs, reduced)]
+    body += [f"        {o}[i_, j_] = {PRINTER.doprint(e.xreplace(mapping))}" for o, e in zip(outs, reduced)]
     return _PAIRS_HEADER.format(outs=", ".join(outs)) + "".join(f"    {ln}\n" for ln in body)
 
 
@@ -303,14 +303,12 @@ def _compile_pairs(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[s
     """The compiled ``pairs`` function of :func:`_pairs_source`, or None when an expression has no
     numba form (then the numpy path serves).
 
-    The source is stored and imported like the ODE kernels (:mod:`pgpgm.ode.kernel_cache`, under a
+    The source is stored and imported like the ODE kernels (:mod:`pgpgm.codegen.cache`, under a
     hash of the source), and numba keeps its machine code beside it (``cache=True``): it is
     compiled once per kernel expression, here on the spot, and loaded by later processes.
     """
     from numba.core.errors import NumbaError
     from sympy.printing.codeprinter import PrintMethodNotImplementedError
-
-    from ..ode import kernel_cache
 
     try:
         source = _pairs_source(exprs, stationary, hyper)

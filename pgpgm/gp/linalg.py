@@ -9,13 +9,12 @@ import numpy as np
 from scipy import linalg
 from threadpoolctl import ThreadpoolController
 
+from ..checks import check_times
 from ..errors import DataError
 
 
 def check_series(t, y) -> tuple[np.ndarray, np.ndarray]:
     """Times (N,), strictly increasing, N >= 3, and finite observations (N,) as float arrays."""
-    from ..data import check_times
-
     t = check_times(t, min_points=3)
     y = np.asarray(y, dtype=float)
     if y.shape != t.shape:

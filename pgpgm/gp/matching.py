@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import linalg
 
+from ..checks import check_times
 from ..errors import DataError
 from .linalg import jittered_cholesky, limit_blas_threads
 
@@ -74,8 +75,6 @@ def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6,
         smooth kernels on dense grids are otherwise numerically singular.
     blas_threads : BLAS threads (see :mod:`pgpgm.gp.fit`); None leaves the process setting unchanged.
     """
-    from ..data import check_times
-
     t = check_times(t, min_points=3)
     C, dC_da, dC_db, d2C = fit.kernel.cov_grad(t, t, fit.hyper)
     with limit_blas_threads(blas_threads):

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
+from .kernels import ModelKernels, compile_kernels
 from .breakpoints import TimeSwitch, breakpoints_between, find_time_switches
 from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, check_expression, format_expression, parse_expression
-from ..errors import ModelDefinitionError
+from ..checks import as_float_array
+from ..errors import DataError, ModelDefinitionError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"t"} | set(ALLOWED_FUNCTIONS) | set(ALLOWED_CONSTANTS)
@@ -242,7 +244,8 @@ class ODESystem:
         return len(self.parameters)
 
     @cached_property
-    def _symbols(self) -> tuple[sp.Symbol, tuple[sp.Symbol, ...], tuple[sp.Symbol, ...]]:
+    def symbols(self) -> tuple[sp.Symbol, tuple[sp.Symbol, ...], tuple[sp.Symbol, ...]]:
+        """The sympy symbols of the equations: (time, the states (S,), the parameters (P,))."""
         free = set().union(*(e.free_symbols for e in self.expressions))
         by_name = {s.name: s for s in free}
         get = lambda n: by_name.get(n, sp.Symbol(n, real=True))  # noqa: E731
@@ -251,13 +254,13 @@ class ODESystem:
     @cached_property
     def state_jacobian(self) -> sp.Matrix:
         """Exact df_i/dx_j, shape (S, S)."""
-        _, x, _ = self._symbols
+        _, x, _ = self.symbols
         return sp.Matrix(self.expressions).jacobian(x)
 
     @cached_property
     def parameter_jacobian(self) -> sp.Matrix:
         """Exact df_i/dtheta_k, shape (S, P)."""
-        _, _, p = self._symbols
+        _, _, p = self.symbols
         if not p:
             return sp.zeros(self.n_states, 0)
         return sp.Matrix(self.expressions).jacobian(p)
@@ -266,7 +269,7 @@ class ODESystem:
         """Whether f is affine in the states at ``indices`` (positions in the state vector):
         no df_i/dx_j, j in ``indices``, depends on those states (the block scheme's Gaussian of
         the observed states is then exact, wherever f is linearised)."""
-        _, x, _ = self._symbols
+        _, x, _ = self.symbols
         chosen = [x[j] for j in indices]
         for e in self.expressions:
             if not e.free_symbols & set(chosen):
@@ -301,8 +304,6 @@ class ODESystem:
         ------
         DataError : for a name that is not a parameter, or a value that is not a finite number.
         """
-        from ..data import as_float_array
-        from ..errors import DataError
 
         if not isinstance(values, Mapping):
             raise DataError(f"fixed must be a mapping {{parameter: value}}, got {type(values).__name__}")
@@ -310,7 +311,7 @@ class ODESystem:
         if unknown:
             raise DataError(f"fixed names {unknown}, which are not parameters of {self.name} {list(self.parameters)}")
         subs = {}
-        _, _, syms = self._symbols
+        _, _, syms = self.symbols
         for k, v in values.items():
             x = as_float_array(v, f"fixed[{k}]")
             if x.ndim != 0 or not np.isfinite(x):
@@ -325,19 +326,17 @@ class ODESystem:
         """The functions of time alone whose sign changes switch the right-hand side (conditions
         of ``where``, ``min``/``max``/``abs`` of t), with their zeros: see
         :mod:`pgpgm.ode.breakpoints` (switches that involve a state or a parameter are not listed)."""
-        return find_time_switches(self.expressions, self._symbols[0])
+        return find_time_switches(self.expressions, self.symbols[0])
 
     def breakpoints(self, start: float, stop: float) -> np.ndarray:
         """The times strictly inside (start, stop) at which the right-hand side switches in time:
         array (B,), sorted (empty for most models). The solvers stop and restart at each."""
-        return breakpoints_between(self.time_switches, self._symbols[0], float(start), float(stop))
+        return breakpoints_between(self.time_switches, self.symbols[0], float(start), float(stop))
 
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
-    def compiled(self):
-        """Numba-compiled kernels (see :mod:`pgpgm.ode.codegen`), built on first use."""
-        from .codegen import compile_kernels
-
+    def compiled(self) -> ModelKernels:
+        """Numba-compiled kernels (see :mod:`pgpgm.ode.kernels`), built on first use."""
         return compile_kernels(self)
 
     def rhs(self, t: float, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -384,7 +383,7 @@ class ODESystem:
         """
         import pytensor.tensor as pt
 
-        ts, xs, ps = self._symbols
+        ts, xs, ps = self.symbols
         given = {ts: pt.as_tensor_variable(t)}
         given.update({x: pt.as_tensor_variable(states[x.name]) for x in xs})
         given.update({q: pt.as_tensor_variable(theta)[k] for k, q in enumerate(ps)})

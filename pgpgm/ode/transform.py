@@ -60,7 +60,7 @@ def log_transform(system: ODESystem, states: Sequence[str]) -> ODESystem:
     idx = system.index_of_states(list(states))
     if not idx:
         return system
-    t, xs, ps = system._symbols
+    t, xs, ps = system.symbols
     new_names = [log_name(s) if i in idx else s for i, s in enumerate(system.states)]
     taken = set(system.states) | set(system.parameters)
     clash = [n for i, n in enumerate(new_names) if i in idx and n in taken]

@@ -1,29 +1,14 @@
-"""ODE solving: solver objects (one module per backend), the integrator, the PyTensor Op."""
+"""ODE solving: solver objects (one module per backend: ``cvode``, ``sksundae``, ``lsoda``, on the
+protocol of ``base``), the :class:`Integrator` with the default solver (``integrator``), and the
+PyTensor Op (``op``, compiled by ``numba_op``)."""
 
 from __future__ import annotations
 
-from . import sundials
-from .base import Integrator, Solver
+from .base import Solver
 from .cvode import CVODE
+from .integrator import SOLVERS, Integrator, available_solvers, default_solver
 from .lsoda import LSODA
 from .sksundae import SksundaeCVODE
-
-#: Every backend, fastest first.
-SOLVERS: tuple[type[Solver], ...] = (CVODE, SksundaeCVODE, LSODA)
-
-
-def available_solvers() -> list[type[Solver]]:
-    """The solver classes usable on this machine, fastest first."""
-    return [cls for cls in SOLVERS if cls.available()]
-
-
-def default_solver() -> Solver:
-    """The fastest available solver with default tolerances (:class:`CVODE` where SUNDIALS loads;
-    otherwise a :class:`~pgpgm.errors.BackendWarning`, once per process, names the fallback and why)."""
-    solver = available_solvers()[0]()
-    sundials.warn_fallback(solver.name)  # nothing when CVODE is usable
-    return solver
-
 
 __all__ = ["CVODE", "LSODA", "SOLVERS", "Integrator", "SksundaeCVODE", "Solver", "available_solvers",
            "default_solver"]

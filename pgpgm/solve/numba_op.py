@@ -34,7 +34,7 @@ from numba.extending import intrinsic
 
 from ..errors import DataError, ODESolveError
 from . import native
-from .cvode import CVODE, NON_FINITE, cvode_kernel
+from .cvode import CVODE, NON_FINITE, cvode_callbacks, cvode_kernel
 
 if TYPE_CHECKING:
     from .op import ODEOp
@@ -57,7 +57,7 @@ def _atomic_increment(typingctx, address):
 def compiles(op: ODEOp) -> bool:
     """Whether ``op`` gets a numba implementation (its integrator uses compiled CVODE)."""
     it = op.integrator
-    return isinstance(it.solver, CVODE) and it.solver.available() and it.system.compiled.cvode is not None
+    return isinstance(it.solver, CVODE) and it.solver.available() and cvode_callbacks(it.system.compiled) is not None
 
 
 #: One solve counter per compiled function (by symbol name), for the life of the process: the
@@ -75,7 +75,7 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 def cache_key(op: ODEOp) -> str:
     """What identifies the compiled function of ``op`` across processes: the system's kernel
-    key (:mod:`pgpgm.ode.kernel_cache`), the output times, the breakpoints, tolerances, step budget and flags."""
+    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget and flags."""
     it = op.integrator
     s = it.solver
     h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
@@ -87,7 +87,7 @@ def cache_key(op: ODEOp) -> str:
 
 def track_solves(op: ODEOp, integrator) -> str:
     """Count the solves of ``op``'s compiled function in ``integrator`` (an
-    :class:`~pgpgm.solve.base.Integrator` of the same system, times and solver) from now on:
+    :class:`~pgpgm.solve.integrator.Integrator` of the same system, times and solver) from now on:
     the compiled code of equal Ops is one, shared by every graph that holds such an Op, so a
     graph compiled for one integrator can serve another. Returns the counter's symbol name."""
     key = cache_key(op)

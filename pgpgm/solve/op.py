@@ -22,7 +22,8 @@ from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.tensor.rewriting.basic import register_canonicalize
 
 from ..errors import ODESolveError
-from .base import Integrator
+from .integrator import Integrator
+from .numba_op import cache_key, numba_ode_function
 
 
 class ODEOp(Op):
@@ -33,7 +34,7 @@ class ODEOp(Op):
     integrator : Integrator (system, output times, solver)
     sensitivities : also return dx/dtheta (N, S, P) and dx/dx0 (N, S, S)
     on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (NaN outputs, which
-        :mod:`pgpgm.density` turns into a -inf log density, i.e. a rejected proposal)
+        :mod:`pgpgm.matching.density` turns into a -inf log density, i.e. a rejected proposal)
 
     ``op(theta, x0)`` takes theta (P,) and x0 (S,), the state at ``times[0]``, and returns
     x (N, S) - or the triple (x, dx/dtheta, dx/dx0) with ``sensitivities=True``.
@@ -114,8 +115,6 @@ def _register_numba() -> None:
         from pytensor.link.numba.dispatch.basic import generate_fallback_impl, register_funcify_and_cache_key
     except ImportError:  # other PyTensor layouts: the default fallback (with its warning) applies
         return
-
-    from .numba_op import cache_key, numba_ode_function
 
     @register_funcify_and_cache_key(ODEOp)
     def funcify(op, node=None, storage_map=None, **kwargs):

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BoundWarning
-from .priors import Priors
+from ..errors import BoundWarning
+from ..priors import Priors
 
 #: without a standard error (or with an infinite one), a refined estimate within this fraction of
 #: the box width of a bound is "on" it

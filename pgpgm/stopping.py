@@ -26,7 +26,7 @@ Agreement is not evidence of the data's basin in two cases, which hold the chain
   box (0, 10), data seed 0 - both chains' means refined at 100 and 150 iterations to theta
   (1.52, 2.42, 1.64), whose residual sd is 8.7 times the GP's noise sd; at the global
   optimum (0.217, 0.245, 2.96), which the chains reach at 200-250 iterations, it is 1.03.
-- **The optimum lies on a bound of a Uniform prior** (:func:`pgpgm.bounds.bound_report`):
+- **The optimum lies on a bound of a Uniform prior** (:func:`pgpgm.refinement.bounds.bound_report`):
   chains started apart can sit together in a mode against the box for thousands of
   iterations before they find the data's optimum (Lotka-Volterra, x2 observed, data and
   sampler seed 4: both chains' means refined to a bound, 38 nats above the optimum, at every
@@ -51,11 +51,11 @@ from typing import ClassVar, Protocol
 import numpy as np
 from scipy.stats import qmc
 
-from ..bounds import bound_report
-from ..density import GradientMatchingDensity
-from ..errors import DataError
-from ..refine import LeastSquaresProblem, refine
-from ..solve import Integrator
+from .refinement.bounds import bound_report
+from .matching.density import GradientMatchingDensity
+from .errors import DataError
+from .refinement.least_squares import LeastSquaresProblem, refine
+from .solve import Integrator
 
 #: residual evaluations of a box point's first, short refinement (:meth:`RefinedAgreement._box_search`)
 _PROBE_NFEV = 40
@@ -164,7 +164,7 @@ class RefinedAgreement:
     min_iterations : iterations before the first check
     patience : checks the best must stay settled while the chains disagree
     bound_patience : checks the best must stay settled when it lies on a bound of a Uniform
-        prior (:func:`pgpgm.bounds.bound_report`), whether the chains agree or not; None
+        prior (:func:`pgpgm.refinement.bounds.bound_report`), whether the chains agree or not; None
         (default): such an optimum does not stop the chains early until the box search
         (``box_starts``, ``box_release``) has found no better one, and while it lies there the
         chains' means are refined at growing intervals (``bound_growth``), not at every check

@@ -3,7 +3,7 @@
 Chain c draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(chains)[c])``:
 its start (``init``) and then every step. Starts are chosen in the calling process and
 the chains run there (``cores=1``) or in ``cores`` worker processes (fresh interpreters
-running :mod:`pgpgm.sampling.worker`, as the "spawn" start method makes them but without
+running :mod:`pgpgm.matching.worker`, as the "spawn" start method makes them but without
 re-importing the caller's script, so no ``if __name__ == "__main__"`` guard is needed;
 each rebuilds the target from the pickled density (and model, when a user extended it),
 compiles it once and runs its share of the chains), so the draws do not depend on ``cores``.
@@ -26,13 +26,13 @@ from arviz_base import from_dict
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from ..density import GradientMatchingDensity
+from .density import GradientMatchingDensity
 from ..errors import DataError, PgpgmError, SamplingError
 from ..progress import compiling
 from .kernel import init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
-from .stopping import Checkpoint, Decision, StopRule, stop_rule
+from ..stopping import Checkpoint, Decision, StopRule, stop_rule
 from .target import GradientMatchingTarget
 
 __all__ = ["initial_params", "run_chain", "sample"]
@@ -58,7 +58,7 @@ def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: i
                      progress=None, state_scale=None, param_scale=None, scheme: Elementwise | Block | str = "block",
                      checks: Sequence[int] = (), chain: int = 0) -> Generator[Checkpoint, bool | None, dict]:
     """One chain as a generator: after each iteration count in ``checks`` (ascending, below
-    ``tune + draws``) it yields a :class:`~pgpgm.sampling.stopping.Checkpoint` (means over
+    ``tune + draws``) it yields a :class:`~pgpgm.stopping.Checkpoint` (means over
     the latter half of the chain so far, ``min(n // 2, tune)`` to n) and is resumed with
     ``send(True)`` to stop there or ``send(False)`` / ``next`` to go on. It returns the
     chain's result: the kept draws are iterations ``tune`` to ``tune + draws`` when it runs
@@ -139,7 +139,7 @@ def sample(
         ``"prior-median"``, ``"map"`` (the density's mode over theta with x_M at the GP
         means, jittered by 2 % per chain; it can land in a poor mode), ``"prior"`` (a
         random prior draw per chain) or P starting values
-    scheme : ``"block"`` (default; :class:`pgpgm.sampling.schemes.Block`: the parameters and
+    scheme : ``"block"`` (default; :class:`pgpgm.matching.schemes.Block`: the parameters and
         the initial values moved jointly with an adaptive covariance, the observed states
         redrawn from their Gaussian given the proposal), ``"elementwise"`` (the paper's
         Metropolis-within-Gibbs scheme) or a scheme object, e.g. ``Block(n_moves=4)``
@@ -150,7 +150,7 @@ def sample(
     stop : ``"never"`` (default: every chain runs ``tune + draws`` iterations, the published
         budget), ``"agree"`` (stop once the best least-squares optimum refined from the
         chains' means has settled, checked at 100 iterations and every 50 after:
-        :class:`pgpgm.sampling.stopping.RefinedAgreement` with the density's defaults) or a
+        :class:`pgpgm.stopping.RefinedAgreement` with the density's defaults) or a
         stop rule object such as ``RefinedAgreement(density, integrator, check_every=100)``.
         The chains then advance together, check by check, in this process or in the
         workers; a stopped chain keeps the latter half of its iterations (tuning included)
@@ -210,7 +210,7 @@ def sample(
     }, stopping)
 
 
-def _advance(run: Generator, stop: bool | None) -> tuple[str, Checkpoint | dict]:
+def advance(run: Generator, stop: bool | None) -> tuple[str, Checkpoint | dict]:
     """Resume a chain generator: ("checkpoint", checkpoint) or ("done", result)."""
     try:
         return "checkpoint", (next(run) if stop is None else run.send(stop))
@@ -222,11 +222,11 @@ def _run_in_process(target: GradientMatchingTarget, jobs: list, kwargs: dict, ba
                     rule: StopRule | None) -> tuple[list[dict], list[Decision]]:
     """Every chain in this process, advanced together from check to check."""
     runs = [chain_iterations(target, theta0, rng=rng, progress=bar.update, chain=c, **kwargs) for c, theta0, rng in jobs]
-    current = [_advance(r, None) for r in runs]
+    current = [advance(r, None) for r in runs]
     decisions: list[Decision] = []
     while current[0][0] == "checkpoint":
         decisions.append(rule.decide([v for _, v in current], decisions[-1] if decisions else None))
-        current = [_advance(r, decisions[-1].stop) for r in runs]
+        current = [advance(r, decisions[-1].stop) for r in runs]
     return [v for _, v in current], decisions
 
 
@@ -259,7 +259,7 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
 def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwargs: dict, bar,
                     rule: StopRule | None) -> tuple[list[dict], list[Decision]]:
     """Run ``jobs`` in ``cores`` worker processes (chain c in worker c mod cores; see
-    :mod:`pgpgm.sampling.worker`); at every check the workers send their chains'
+    :mod:`pgpgm.matching.worker`); at every check the workers send their chains'
     checkpoints and wait for the decision."""
     procs, channels, controls = [], [], []
     results: dict[int, dict] = {}
@@ -268,7 +268,7 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the modules this process sees
     try:
         for _ in range(cores):
-            p = subprocess.Popen([sys.executable, "-m", "pgpgm.sampling.worker"], stdin=subprocess.PIPE,
+            p = subprocess.Popen([sys.executable, "-m", "pgpgm.matching.worker"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, env=env)
             procs.append(p)
             channels.append(Connection(os.dup(p.stdout.fileno()), writable=False))

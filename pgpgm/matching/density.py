@@ -13,7 +13,7 @@ is exactly FGPGM and no ODE is solved.
 :class:`GradientMatchingDensity` is the one description: data, GP fits, per-state
 matrices (:class:`StateTerm`), gamma, priors, initial values and the integrator. The
 ``pm.Model`` (:meth:`GradientMatchingDensity.model`) and the fast sampler
-(:mod:`pgpgm.sampling`) are both derived from it; the maintained vectors of the
+(:mod:`pgpgm.matching`) are both derived from it; the maintained vectors of the
 sampler's O(N) updates are defined here (:meth:`GradientMatchingDensity.statistics`).
 """
 
@@ -28,13 +28,15 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 
-from .data import Observations, as_observations, check_gamma, initial_value_priors, initial_values, noise_levels
-from .errors import DataError
-from .gp import GPFit, GradientMatching, fit_gp, gradient_matching
-from .ode.system import ODESystem
-from .priors import PriorSpec, Priors
-from .solve import Integrator, Solver
-from .solve.op import ODEOp
+from ..checks import check_gamma, noise_levels
+
+from ..data import Observations, as_observations, initial_value_priors, initial_values
+from ..errors import DataError
+from ..gp import GPFit, GradientMatching, fit_gp, gradient_matching
+from ..ode.system import ODESystem
+from ..priors import PriorSpec, Priors
+from ..solve import Integrator, Solver
+from ..solve.op import ODEOp
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,7 +46,7 @@ class ParameterStructure:
     The priors of the parameters and of the unknown latent initial values, and the latent
     states integrated from the observed states' first values: the part of
     :meth:`GradientMatchingDensity.model` that the samplers' parameter moves evaluate
-    (:class:`~pgpgm.sampling.target.ParameterPart`). Two structures are equal, and hash
+    (:class:`~pgpgm.matching.target.ParameterPart`). Two structures are equal, and hash
     alike, when they would build the same graph: same equations (compared by content, not
     by object), observed states, priors, known initial values, grid and solver (:attr:`key`).
 

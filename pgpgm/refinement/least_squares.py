@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from .errors import DataError, IdentifiabilityWarning, ODESolveError
-from .solve import Integrator
+from ..errors import DataError, IdentifiabilityWarning, ODESolveError
+from ..solve import Integrator
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
 _NULL_COMPONENT = 1e-6  # a unit null-space direction "involves" an unknown above this component

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelDefinitionError
-from ..priors import DEFAULT_BOUNDS
-from .system import ODESystem
+from .errors import ModelDefinitionError
+from .priors import DEFAULT_BOUNDS
+from .ode.system import ODESystem
+from .simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,6 @@ class ModelSpec:
 
     def simulate(self, case: str | None = None, *, seed=None, observed=None):
         """The case's simulated data set (:func:`pgpgm.simulate` with its theta, x0, times and noise)."""
-        from ..simulate import simulate
-
         c = self.case(case)
         return simulate(self.system, c.theta, c.x0, c.times, observed=observed or c.observed,
                         noise_sd=c.noise_sd, snr=c.snr, seed=seed)

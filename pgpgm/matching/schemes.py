@@ -12,9 +12,9 @@ A scheme is a small frozen object with
   100 iterations).
 
 ``"block"`` (:class:`Block`, the default of :func:`pgpgm.sample`) moves the parameters
-and the initial values jointly (:mod:`pgpgm.sampling.block`); ``"elementwise"``
+and the initial values jointly (:mod:`pgpgm.matching.block`); ``"elementwise"``
 (:class:`Elementwise`) is the paper's Metropolis-within-Gibbs scheme
-(:mod:`pgpgm.sampling.kernel`).
+(:mod:`pgpgm.matching.kernel`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def initial_params(target: GradientMatchingTarget, state: ChainState, state_scal
 class Elementwise:
     """The paper's scheme: a sweep over the observed-state values, then each initial
     value (latent states only) and each parameter proposed alone, each with a solve;
-    proposal sds tuned toward 0.44 acceptance (:func:`pgpgm.sampling.adapt.update`)."""
+    proposal sds tuned toward 0.44 acceptance (:func:`pgpgm.matching.adapt.update`)."""
 
     name: ClassVar[str] = "elementwise"
 
@@ -84,9 +84,9 @@ class Elementwise:
 class Block:
     """The default scheme: the state sweep, then ``n_moves`` joint moves of the parameters
     (log coordinates where bounded below) and the initial values, with the observed states
-    redrawn from their Gaussian given the proposal (:mod:`pgpgm.sampling.block`). The
+    redrawn from their Gaussian given the proposal (:mod:`pgpgm.matching.block`). The
     proposal covariance is learned in restarting windows during tuning, its scale toward
-    0.234 acceptance (:func:`pgpgm.sampling.adapt.block_update`).
+    0.234 acceptance (:func:`pgpgm.matching.adapt.block_update`).
 
     Parameters
     ----------
@@ -118,7 +118,7 @@ class Block:
 
     def begin(self, target: GradientMatchingTarget, state: ChainState) -> ChainState:
         """The observed states at their Gaussian's mean given the starting parameters
-        (:func:`pgpgm.sampling.block.settle_states`)."""
+        (:func:`pgpgm.matching.block.settle_states`)."""
         return settle_states(target, state)
 
     def step(self, rng, state, params, target):

@@ -2,13 +2,13 @@
 
 ``block_step(rng, state, params, target) -> (state, info)``, one iteration:
 
-1. the state sweep of the element-wise scheme (:func:`~pgpgm.sampling.kernel.sweep_states`);
+1. the state sweep of the element-wise scheme (:func:`~pgpgm.matching.kernel.sweep_states`);
 2. ``params.n_moves`` times, a joint move of z = (the parameters in log coordinates
    (:class:`Coordinates`), and with latent states the observed states' values at
    ``times[0]``): z' = z + scale L e with e standard normal, L L^T the proposal
-   covariance learned during tuning (:mod:`pgpgm.sampling.adapt`). One ODE solve at z'
+   covariance learned during tuning (:mod:`pgpgm.matching.adapt`). One ODE solve at z'
    gives the latent states; the remaining observed-state values are drawn afresh from
-   q(X' | z', X), the Gaussian of the observed states given z' (:mod:`pgpgm.sampling.conditional`)
+   q(X' | z', X), the Gaussian of the observed states given z' (:mod:`pgpgm.matching.conditional`)
    with f linearised about the current states X, and the pair is accepted with
 
        log r = log p(z', X') - log p(z, X) + log q(X | z, X') - log q(X' | z', X) + log |dtheta'/dz'| - log |dtheta/dz|,

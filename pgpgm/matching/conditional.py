@@ -30,6 +30,7 @@ import numba
 import numpy as np
 from scipy.linalg import lapack
 
+from .compiled import model_sweeps
 from .target import GradientMatchingTarget
 
 
@@ -105,7 +106,7 @@ def conditional_gaussian(target: GradientMatchingTarget, theta: np.ndarray, Xbar
     theta = np.asarray(theta, dtype=np.float64)
     F = d.system.rhs_on_grid(d.obs.times, Xbar, theta)
     J = np.zeros((N, S, S))  # jac_x writes only the nonzero entries
-    d.system.compiled.jacobian_on_grid(d.obs.times, Xbar, theta, J)
+    model_sweeps(d.system.compiled).jacobian_on_grid(d.obs.times, Xbar, theta, J)
     i0 = 1 if a.lat_idx.size else 0  # the values at times[0] are the solve's initial values: fixed
     mean, chol, log_norm = _gaussian(F, J, Xbar, a.obs_idx, a.Cinv, a.obs_precision, a.P, a.PDt, a.DtPD, a.Dt,
                                      a.lin, a.Dmu, i0)
@@ -199,7 +200,7 @@ def _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, D
     """Lambda (M, N, M, N) and b (M, N) of the Gaussian over all observed-state values (the
     module docstring): f linearised about xbar (N, M) with f there Fo (N, M) and
     j (N, M, M) = d f_{obs m} / d x_{obs l}; the other inputs are the
-    :class:`~pgpgm.sampling.target.SweepArrays` of the same names. Loops, not small numpy
+    :class:`~pgpgm.matching.target.SweepArrays` of the same names. Loops, not small numpy
     calls: this runs once per block proposal."""
     M, N = Cinv.shape[0], Cinv.shape[1]
     lam = np.zeros((M, N, M, N))
@@ -241,12 +242,3 @@ def _precision_and_linear_term(Fo, j, xbar, Cinv, obs_precision, P, PDt, DtPD, D
                 s += Dt[m, i, k] * pa[k]
             b[m, i] += s
     return lam, b
-
-
-@numba.njit(cache=False)
-def _jacobian_on_grid(jac_x, t, X, theta, out):
-    """out[i] = df/dx (S, S) at (t[i], X[i]) for every time i; ``out`` (N, S, S) must arrive
-    zeroed (the compiled Jacobian writes only its structurally nonzero entries). The template of each
-    model's cached ``system.compiled.jacobian_on_grid``, see :mod:`pgpgm.ode.codegen`."""
-    for i in range(t.size):
-        jac_x(t[i], X[i], theta, out[i])

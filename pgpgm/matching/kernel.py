@@ -5,7 +5,7 @@
 1. every observed-state value x_k(t_i) in turn gets a Gaussian proposal (sd
    ``params.state_scale[i, k]``) accepted by the density. The change of the density is
    computed in O(N) from the maintained vectors of
-   :meth:`pgpgm.density.GradientMatchingDensity.statistics`, in a numba loop;
+   :meth:`pgpgm.matching.density.GradientMatchingDensity.statistics`, in a numba loop;
 2. with latent states, the value at ``times[0]`` of each observed state is the initial
    value of the solve: it is proposed like a parameter (re-integrating) and accepted by
    the full model density;
@@ -13,7 +13,7 @@
    latent states are re-integrated and the move accepted by the full model density.
 
 The state is small and immutable; the step copies what it changes. The state sweep
-(:func:`sweep_states`) is shared with the block scheme (:mod:`pgpgm.sampling.block`).
+(:func:`sweep_states`) is shared with the block scheme (:mod:`pgpgm.matching.block`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numba
 import numpy as np
 
-from ..density import SweepStatistics
+from .density import SweepStatistics
 from ..errors import PgpgmError
+from .compiled import model_sweeps
 from .target import GradientMatchingTarget
 
 
@@ -38,10 +38,10 @@ class ChainState:
     stats : the maintained vectors at (theta, X); logp : the model log density;
     conditional : the block scheme's Gaussian of the observed states given the current
     parameters, kept where it does not depend on the states (f affine in the observed states:
-    :class:`~pgpgm.sampling.conditional.ConditionalGaussian`; None until the block scheme
+    :class:`~pgpgm.matching.conditional.ConditionalGaussian`; None until the block scheme
     computes it, and otherwise);
     logp_par : the log density's terms in the parameters alone, with the latent states
-    (:meth:`~pgpgm.sampling.target.GradientMatchingTarget.parameter_part`; the state sweep
+    (:meth:`~pgpgm.matching.target.GradientMatchingTarget.parameter_part`; the state sweep
     leaves it unchanged), so that :func:`refresh` needs no ODE solve (NaN where unknown:
     the element-wise step does not keep it).
     """
@@ -117,7 +117,7 @@ def sweep_states(rng: np.random.Generator, state: ChainState, state_scale: np.nd
     X, st = state.X.copy(), state.stats
     F, w, r, z = st.F.copy(), st.w.copy(), st.r.copy(), st.z.copy()
     accepted = np.zeros((N, M))
-    delta = d.system.compiled.sweep(d.obs.times, X, state.theta, a.obs_idx, move_states,
+    delta = model_sweeps(d.system.compiled).sweep(d.obs.times, X, state.theta, a.obs_idx, move_states,
                                     1 if d.latent else 0, a.Y, a.obs_precision, a.Cinv, a.Dt, a.P, a.PDt, a.dtpd,
                                     w, r, z, F, state_scale, rng.standard_normal((N, M)),
                                     np.log(rng.uniform(size=(N, M))), accepted)
@@ -158,70 +158,3 @@ def step(rng: np.random.Generator, state: ChainState, params: StepParams,
             stats = target.statistics(theta, X)
             moved[j] = True
     return ChainState(q, theta, X, stats, logp), StepInfo(accepted, moved)
-
-
-@numba.njit(cache=False)
-def _sweep(rhs, t, X, theta, obs_idx, active, i_start, Y, obs_precision, Cinv, Dt, P, PDt, dtpd, w, r, z, F,
-           scales, normals, log_u, accepted):
-    """One pass of single-element proposals over every observed state value (the template of
-    each model's cached ``system.compiled.sweep``, which :mod:`pgpgm.ode.codegen` specialises to
-    the model's ``rhs``; this function itself is not called).
-
-    Arrays: X (N,S) states (updated in place); Y (N,M) data (zero where not measured);
-    obs_precision (M,N) 1/sigma^2 where measured, 0 where not; Cinv, Dt (= D^T), P, PDt
-    (= (P D)^T) are (M,N,N); dtpd (M,N) = diag(D^T P D); w, r, z (M,N) maintained
-    vectors; F (N,S) f at every time; active (M,) which states to update. Returns the
-    total change of the log density; ``accepted`` (N,M) counts acceptances.
-    """
-    N, M = Y.shape
-    S = X.shape[1]
-    fnew = np.empty(S)
-    row = np.empty(S)
-    total = 0.0
-    for m in range(M):
-        if not active[m]:
-            continue
-        k = obs_idx[m]
-        for i in range(i_start, N):
-            delta = scales[i, m] * normals[i, m]
-            xi = X[i, k]
-            xn = xi + delta
-            d = -0.5 * (2.0 * delta * w[m, i] + delta * delta * Cinv[m, i, i])
-            d += -0.5 * obs_precision[m, i] * ((Y[i, m] - xn) ** 2 - (Y[i, m] - xi) ** 2)
-            for s in range(S):
-                row[s] = X[i, s]
-            row[k] = xn
-            rhs(t[i], row, theta, fnew)
-            if not np.all(np.isfinite(fnew)):
-                continue
-            dz = 0.0
-            for n in range(N):
-                dz += Dt[m, i, n] * z[m, n]
-            for m2 in range(M):
-                a = fnew[obs_idx[m2]] - F[i, obs_idx[m2]]
-                if m2 == m:
-                    b = -delta
-                    uz = a * z[m, i] + b * dz
-                    upu = a * a * P[m, i, i] + 2.0 * a * b * PDt[m, i, i] + b * b * dtpd[m, i]
-                else:
-                    uz = a * z[m2, i]
-                    upu = a * a * P[m2, i, i]
-                d += -0.5 * (2.0 * uz + upu)
-            if log_u[i, m] < d:
-                total += d
-                accepted[i, m] += 1
-                X[i, k] = xn
-                for n in range(N):
-                    w[m, n] += delta * Cinv[m, i, n]
-                for m2 in range(M):
-                    a = fnew[obs_idx[m2]] - F[i, obs_idx[m2]]
-                    r[m2, i] += a
-                    for n in range(N):
-                        z[m2, n] += a * P[m2, i, n]
-                    if m2 == m:
-                        for n in range(N):
-                            r[m, n] -= delta * Dt[m, i, n]
-                            z[m, n] -= delta * PDt[m, i, n]
-                for s in range(S):
-                    F[i, s] = fnew[s]
-    return total

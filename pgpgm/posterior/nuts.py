@@ -28,14 +28,14 @@ import pymc as pm
 import pytensor.tensor as pt
 from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFull, QuadPotentialFullAdapt
 
-from .data import Observations
+from ..data import Observations, as_observations, initial_value_priors, initial_values
 from .diagnostics import ESS_MIN, diagnose, find_modes, modes_note, problems, warn_if_unconverged
-from .errors import DataError
-from .ode.system import ODESystem
-from .priors import PriorSpec, Priors
-from .processes import sample_in_processes
-from .solve import Integrator, Solver
-from .solve.op import ODEOp
+from ..errors import DataError, ODESolveError
+from ..ode.system import ODESystem
+from ..priors import PriorSpec, Priors
+from ..processes import sample_in_processes
+from ..solve import Integrator, Solver
+from ..solve.op import ODEOp
 
 #: sd of log sigma in the noise prior (a factor e^2 ~ 7 per sd around the GP estimate)
 NOISE_PRIOR_LOG_SD = 2.0
@@ -135,8 +135,6 @@ def build_ode_model(
         initial value. Built again for other data of the same system, grid and options, the
         model is the same graph, so its compiled log density and gradient are reused.
     """
-    from .data import as_observations, initial_value_priors, initial_values
-
     obs = data if isinstance(data, Observations) else as_observations(data, observed, system)
     obs_idx = system.index_of_states(obs.states)
     unknown = initial_value_priors(system, x0, obs_idx) if x0_priors is None else dict(x0_priors)
@@ -472,7 +470,7 @@ def sample_posterior(
         PyMC cannot pass it the budget's callback: only the rounds loop of ``"pymc"`` keeps a budget)
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
-        After a round whose draws fail a check of :func:`pgpgm.diagnostics.problems`
+        After a round whose draws fail a check of :func:`pgpgm.posterior.diagnostics.problems`
         (R-hat > 1.01, ESS < 400, divergences), the next round continues every chain from
         its last draw with a fixed dense mass matrix, the covariance of the chains' draws so
         far (pooled, in the transformed space), a step-size target raised halfway to 1 but not
@@ -489,7 +487,7 @@ def sample_posterior(
         draws cannot remove: then the new round's draws replace them. A round runs ``draws``
         to 4x ``draws`` iterations, as many as the kept draws' min ESS per draw says reach
         2 x 400 (:func:`next_round_draws`), and no more than the budget left allows. No further
-        round runs when the chains sit in separate modes (:func:`pgpgm.diagnostics.find_modes`):
+        round runs when the chains sit in separate modes (:func:`pgpgm.posterior.diagnostics.find_modes`):
         a mass matrix pooled across modes fits neither; the modes are named instead.
         Default :data:`MAX_ROUNDS`.
         ``tree.attrs["pgpgm_rounds"]`` says how many rounds ran,
@@ -725,7 +723,7 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
     Parameters
     ----------
     dense : Integrator on the plotting grid (D,); every draw's states are solved on it
-    ref : the :class:`~pgpgm.refine.Refinement` (``q`` (Q,), ``q_names`` (Q,), ``q_covariance``
+    ref : the :class:`~pgpgm.refinement.least_squares.Refinement` (``q`` (Q,), ``q_names`` (Q,), ``q_covariance``
         (Q, Q), ``x0`` (S,))
     draws : number of draws (one chain)
 
@@ -736,9 +734,6 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
     leaves NaN states.
     """
     from arviz_base import from_dict
-
-    from .errors import ODESolveError
-
     cov = np.asarray(ref.q_covariance, float)
     if not np.all(np.isfinite(cov)):
         raise DataError("the refinement covariance is not finite (some parameters are not determined by the data); "

@@ -1,6 +1,6 @@
 """What the element-wise sampler needs of a density: its arrays and one compiled function.
 
-A :class:`GradientMatchingTarget` derives, from one :class:`~pgpgm.density.GradientMatchingDensity`
+A :class:`GradientMatchingTarget` derives, from one :class:`~pgpgm.matching.density.GradientMatchingDensity`
 and its ``pm.Model`` (the density's own, or one a user extended), the stacked per-state
 matrices of the O(N) state sweep and the model's log density compiled once (returning the
 parameters and the latent states too), as PyMC's Metropolis compiles its ``delta_logp``
@@ -9,7 +9,7 @@ refused at construction, because the sweep updates the density incrementally.
 
 The parameter moves evaluate the density's terms in the parameters alone
 (:class:`ParameterPart`), which depend on no data: for the density's own model they are
-compiled once per :class:`~pgpgm.density.ParameterStructure` (equations, observed states,
+compiled once per :class:`~pgpgm.matching.density.ParameterStructure` (equations, observed states,
 priors, known initial values, grid, solver) in a process and shared by every target of an
 equal structure (:func:`shared_parameter_part`, a bounded memo of a pure builder), so a
 second fit of the same model on other data builds and compiles no PyTensor graph. The
@@ -37,7 +37,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
-from ..density import GradientMatchingDensity, ParameterStructure, SweepStatistics, state_quadratic, state_terms
+from .density import GradientMatchingDensity, ParameterStructure, SweepStatistics, state_quadratic, state_terms
 from ..errors import ODESolveError, PgpgmError
 from ..solve.numba_op import compiles, track_solves
 from ..solve.op import ODEOp
@@ -50,7 +50,7 @@ class SweepArrays:
     Cinv, Dt (= D^T), P (= (A + gamma I)^-1), PDt (= (P D)^T) : (M, N, N);
     D : (M, N, N); dtpd : (M, N) diag(D^T P D); inv_var : (M,) 1/sigma^2; mu : (M,);
     obs_idx : (M,) state indices. For the block scheme's conditional Gaussian
-    (:mod:`pgpgm.sampling.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data
+    (:mod:`pgpgm.matching.conditional`): DtPD : (M, N, N) D^T P D; Y : (N, M) data
     (zero where not measured);
     lin : (M, N) C^-1 mu 1 + y / sigma^2 (the linear term of the GP prior and likelihood);
     Dmu : (M, N) D mu 1; gp_mean : (N, M) GP posterior means of the observed states;
@@ -116,7 +116,7 @@ class ParameterPart:
     model : the ``pm.Model`` (with PyMC's value transforms)
     space_model : ``model`` in the sampler's space (value transforms removed for the
         constrained space, ``model`` itself for the value space)
-    structure : the density's :class:`~pgpgm.density.ParameterStructure`
+    structure : the density's :class:`~pgpgm.matching.density.ParameterStructure`
 
     Attributes
     ----------
@@ -248,7 +248,7 @@ def _shared(structure: ParameterStructure, space: str, settings: tuple) -> Param
 
 def shared_parameter_part(density: GradientMatchingDensity, space: str = "constrained") -> ParameterPart | None:
     """The parameter part of ``density``'s own model, shared by every density of an equal
-    :class:`~pgpgm.density.ParameterStructure` in this process (built on first use, at most
+    :class:`~pgpgm.matching.density.ParameterStructure` in this process (built on first use, at most
     16 kept, least recently used dropped), or None when it cannot be shared: its latent-state
     solve does not run as compiled code under PyTensor's default (numba) backend - a Python
     solve would count its solves in the first density's integrator - or a prior is not
@@ -279,7 +279,7 @@ class GradientMatchingTarget:
     model : its ``pm.Model`` (default ``density.model()``); may carry extra terms on the
         parameters
     space : ``"constrained"`` (parameters on their natural scale) or ``"value"`` (PyMC's
-        transformed value variables, as :class:`~pgpgm.sampling.pymc_step.GradientMatchingStep` uses)
+        transformed value variables, as :class:`~pgpgm.matching.pymc_step.GradientMatchingStep` uses)
 
     Attributes
     ----------
@@ -366,7 +366,7 @@ class GradientMatchingTarget:
             + self.log_normaliser
 
     def statistics(self, theta, X) -> SweepStatistics:
-        """:meth:`pgpgm.density.GradientMatchingDensity.statistics` at parameters ``theta``
+        """:meth:`pgpgm.matching.density.GradientMatchingDensity.statistics` at parameters ``theta``
         (P,) and states X (N, S), from the stacked matrices of :attr:`arrays`."""
         return self.state_terms(theta, X)[0]
 

@@ -10,7 +10,7 @@ import arviz_stats
 import numpy as np
 import xarray as xr
 
-from .errors import ConvergenceWarning
+from ..errors import ConvergenceWarning
 
 #: The thresholds of a converged posterior (Vehtari et al. 2021).
 RHAT_MAX, ESS_MIN = 1.01, 400
@@ -60,7 +60,7 @@ def problems(diag: xr.Dataset) -> list[str]:
 
 def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (), stacklevel: int = 3) -> None:
     """Warn (:class:`ConvergenceWarning`) naming every failed check of the ``label`` posterior, and
-    ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.posterior_notes`)."""
+    ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.nuts.posterior_notes`)."""
     found = problems(diag)
     if found or notes:
         warnings.warn(f"the {label} posterior is not converged: " + "; ".join([*found, *notes])

@@ -1,6 +1,6 @@
-"""A sampling worker process: ``python -m pgpgm.sampling.worker``.
+"""A sampling worker process: ``python -m pgpgm.matching.worker``.
 
-The driver (:func:`pgpgm.sampling.driver.sample` with ``cores > 1``) starts fresh
+The driver (:func:`pgpgm.matching.driver.sample` with ``cores > 1``) starts fresh
 interpreters running this module rather than forking or re-importing the caller's
 ``__main__`` (so a script needs no ``if __name__ == "__main__"`` guard). Protocol:
 
@@ -14,7 +14,7 @@ interpreters running this module rather than forking or re-importing the caller'
   ``("error", chain, traceback)`` messages.
 
 The worker rebuilds the target from the pickled density and model (compiling it once; the
-density's own parameter part is built from its structure, :func:`~pgpgm.sampling.target.shared_parameter_part`),
+density's own parameter part is built from its structure, :func:`~pgpgm.matching.target.shared_parameter_part`),
 runs its chains with BLAS single-threaded - one after another, or, with checks, together
 from check to check (it sends every chain's checkpoint and waits for the decision) - and
 exits.
@@ -25,6 +25,9 @@ from __future__ import annotations
 import os
 import traceback
 from multiprocessing.connection import Connection
+
+from .driver import advance, chain_iterations
+from .target import GradientMatchingTarget
 
 #: Iterations between progress reports.
 REPORT_EVERY = 50
@@ -38,9 +41,6 @@ def main() -> None:
     try:
         import cloudpickle
         from threadpoolctl import threadpool_limits
-
-        from .driver import _advance, chain_iterations
-        from .target import GradientMatchingTarget
 
         density, model, kwargs, jobs = cloudpickle.loads(control.recv_bytes())
         with threadpool_limits(limits=1):
@@ -58,14 +58,14 @@ def main() -> None:
                 runs.append((chain, chain_iterations(target, theta0, rng=rng, progress=progress, chain=chain,
                                                      **kwargs)))
             if kwargs.get("checks"):  # together from check to check
-                current = [(chain, *_advance(run, None)) for chain, run in runs]
+                current = [(chain, *advance(run, None)) for chain, run in runs]
                 while current[0][1] == "checkpoint":
                     for chain, _, value in current:
                         channel.send(("checkpoint", chain, value))
                     stop = control.recv()
-                    current = [(chain, *_advance(run, stop)) for chain, run in runs]
+                    current = [(chain, *advance(run, stop)) for chain, run in runs]
             else:  # one after another
-                current = [(chain, *_advance(run, None)) for chain, run in runs]
+                current = [(chain, *advance(run, None)) for chain, run in runs]
             for chain, _, result in current:
                 channel.send(("progress", chain, pending[chain][0]))
                 channel.send(("done", chain, result))

@@ -1,0 +1,8 @@
+"""Step 4: the posterior of the ODE model itself. ``nuts`` (the PyMC model, NUTS rounds within a
+budget, the Laplace approximation) and ``diagnostics`` (R-hat, ESS, divergences, modes)."""
+
+from .diagnostics import diagnose, find_modes, problems, warn_if_unconverged
+from .nuts import PosteriorBudget, build_ode_model, laplace_posterior, sample_posterior
+
+__all__ = ["PosteriorBudget", "build_ode_model", "diagnose", "find_modes", "laplace_posterior", "problems",
+           "sample_posterior", "warn_if_unconverged"]

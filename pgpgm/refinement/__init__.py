@@ -1,0 +1,7 @@
+"""Step 3: least-squares refinement of the ODE solution itself (``least_squares``), and the checks
+of a refined optimum against the prior's bounds (``bounds``)."""
+
+from .bounds import AtBound, bound_report, warn_at_bounds
+from .least_squares import LeastSquaresProblem, Refinement, refine
+
+__all__ = ["AtBound", "LeastSquaresProblem", "Refinement", "bound_report", "refine", "warn_at_bounds"]
