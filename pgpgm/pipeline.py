@@ -1,4 +1,10 @@
-"""The whole method: GP fit, gradient-matching MCMC, least-squares refinement."""
+"""The whole method as a composition of its steps: ``fit`` = prepare -> GPs (step 1) ->
+gradient-matching chains (step 2) -> least-squares refinement (step 3) -> the ODE model's
+posterior (step 4) -> the result (:func:`pgpgm.result.assemble`).
+
+Each step is a function taking what the steps before it returned (small frozen dataclasses) and
+the validated options (:class:`FitOptions`, :class:`NUTS`, :class:`Laplace`).
+"""
 
 from __future__ import annotations
 
@@ -6,33 +12,168 @@ import json
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from .checks import as_float_array, check_count, check_gamma, noise_levels
-
-from .data import as_observations, initial_values
-from .matching.density import fit_gps, gradient_matching_density, per_state
-from .refinement.bounds import bound_report, warn_at_bounds
-from .posterior.diagnostics import diagnose, warn_if_unconverged
+from .data import Observations, as_observations, initial_values
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
-from .ode.system import ODESystem
-from .posterior.nuts import (MAX_ROUNDS, PosteriorBudget, build_ode_model, laplace_posterior, log_scale_names,
-                        posterior_notes, sample_posterior)
+from .gp import GPFit
 from .gp.kernels import KERNELS
-from .logscale import Problem, plan_scales
+from .logscale import Problem, Scales, plan_scales
+from .matching import MatchingRun, get_scheme, run_chains
+from .matching.density import GradientMatchingDensity, fit_gps, gradient_matching_density, per_state
+from .ode.system import ODESystem
+from .posterior.diagnostics import diagnose, warn_if_unconverged
+from .posterior.nuts import (MAX_ROUNDS, NUTSRun, PosteriorBudget, build_ode_model, laplace_posterior,
+                             log_scale_names, posterior_notes, run_nuts)
 from .priors import PriorSpec, Priors
-from .refinement.least_squares import LeastSquaresProblem, Refinement, refine
-from .result import FitResult
-from .matching import get_scheme, sample
-from .stopping import RefinedAgreement
+from .refinement import LeastSquaresProblem, Refinement, refine
+from .refinement.bounds import bound_report, warn_at_bounds
+from .result import FitResult, assemble
 from .solve import Integrator, Solver
+from .stopping import RefinedAgreement
 
 _DENSE = 400  # points of the plotted trajectories
 
 
+# ----------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class NUTS:
+    """Step 4 by NUTS on the ODE model (:func:`pgpgm.posterior.nuts.run_nuts`).
+
+    draws, tune, chains : per chain; rounds : most NUTS rounds while R-hat, ESS or divergences
+    fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``
+    or ``"nutpie"``; cores : processes (default: one per chain, at most the CPUs).
+    """
+
+    draws: int = 500
+    tune: int = 500
+    chains: int = 4
+    rounds: int = MAX_ROUNDS
+    budget: PosteriorBudget | float | None = PosteriorBudget()
+    sampler: str = "pymc"
+    cores: int | None = None
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "draws", check_count(self.draws, "posterior_draws", minimum=1))
+        set_(self, "tune", check_count(self.tune, "posterior_tune", minimum=0))
+        set_(self, "chains", check_count(self.chains, "posterior_chains", minimum=1))
+        set_(self, "rounds", check_count(self.rounds, "posterior_rounds", minimum=1))
+        set_(self, "budget", PosteriorBudget.of(self.budget))
+        if self.sampler not in ("pymc", "nutpie"):
+            raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {self.sampler!r}")
+        if self.cores is not None:
+            set_(self, "cores", check_count(self.cores, "cores", minimum=1))
+
+
+@dataclass(frozen=True)
+class Laplace:
+    """Step 4 by the Gaussian approximation at the refined optimum: ``draws`` draws in all."""
+
+    draws: int = 2000
+
+    def __post_init__(self):
+        object.__setattr__(self, "draws", check_count(self.draws, "posterior_draws", minimum=1))
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Every option of :func:`fit` but the data, validated (see :func:`fit` for their meaning)."""
+
+    kernel: Any
+    gamma: Any
+    priors: Any
+    noise_sd: Any
+    draws: int
+    tune: int
+    chains: int
+    seed: int
+    init: Any
+    scheme: Any
+    refine_x0: bool
+    solver: Solver | None
+    posterior: NUTS | Laplace | None
+    progressbar: bool
+    stop: Any
+    grid: Any
+
+
+# ----------------------------------------------------------------------------- step results
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """The problem a fit solves: ``full`` the system as given; ``system``, ``data``, ``obs``, ``x0`` those
+    of the likelihood (fixed parameters substituted, lognormal states on the log scale); ``matching``
+    the problem of steps 1-2 (the data as given or on the log scale); ``scales`` the log-scale plan
+    (None: none); ``fixed`` the fixed parameters' values; ``priors`` and ``init`` without them."""
+
+    full: ODESystem
+    system: ODESystem
+    data: Any
+    obs: Observations
+    x0: Any
+    matching: Problem
+    scales: Scales | None
+    fixed: dict[str, float]
+    priors: Any
+    init: Any
+    kernel: Any
+    gamma: Any
+    true_theta: Any
+
+    @property
+    def on_log_for_matching(self) -> bool:
+        """Whether steps 1-2 work on another scale than the likelihood (``transform="log"``)."""
+        return self.scales is not None and self.matching is not self.scales.likelihood
+
+
+@dataclass(frozen=True, eq=False)
+class Matched:
+    """Steps 1-2: the GP fits, the gradient-matching density, the chains' run, the integrators, and
+    whether the stop rule is fit's own (its checks refined step 3's problem)."""
+
+    gps: tuple[GPFit, ...]
+    density: GradientMatchingDensity
+    run: MatchingRun
+    integrator: Integrator
+    matching_integrator: Integrator
+    own_rule: bool
+    n_solves: int
+
+
+@dataclass(frozen=True, eq=False)
+class Refined:
+    """Step 3: the best refinement ``best`` of those from every start (``starts`` name -> (Q,)), the
+    chains' pooled means (``theta_sampled`` (P,), ``x0_sampled`` (S,)), the least-squares problem,
+    the GPs' noise sds carried to the likelihood's scale (``noise_start`` (M,)) and the latent states
+    with unknown initial values."""
+
+    best: Refinement
+    refinements: tuple[Refinement, ...]
+    starts: dict[str, np.ndarray]
+    problem: LeastSquaresProblem
+    theta_sampled: np.ndarray
+    x0_sampled: np.ndarray
+    noise_start: np.ndarray
+    unknown: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Posterior:
+    """Step 4: the main posterior tree (NUTS, Laplace, or step 2's chains), the NUTS run (None
+    otherwise), the free variables of the model, and the gradient evaluations it took."""
+
+    tree: Any
+    nuts: NUTSRun | None
+    free: tuple[str, ...]
+    solves: int
+
+
+# ----------------------------------------------------------------------------- fit
 def fit(
     system: ODESystem,
     data,
@@ -52,7 +193,7 @@ def fit(
     refine_x0: bool = True,
     true_theta=None,
     solver: Solver | None = None,
-    posterior: str | None = "nuts",
+    posterior: str | NUTS | Laplace | None = "nuts",
     posterior_draws: int = 500,
     posterior_tune: int = 500,
     posterior_chains: int = 4,
@@ -79,7 +220,9 @@ def fit(
     the posterior of the ODE model itself (:mod:`pgpgm.posterior`), started at the
     refined optimum.
 
-    ``posterior`` : ``"nuts"`` (default; ``posterior_chains`` chains of ``posterior_tune``
+    ``posterior`` : a :class:`NUTS` or :class:`Laplace` object, or None; the names ``"nuts"``
+    (default) and ``"laplace"`` build one from the flat ``posterior_*`` arguments. ``"nuts"``:
+    ``posterior_chains`` chains of ``posterior_tune``
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
     ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
@@ -156,30 +299,60 @@ def fit(
         when no chain start that ``init`` chooses has a finite density.
     """
     timings, t0 = {}, time.perf_counter()
-    # every argument is checked here, before any GP fit, compiled kernel or sampler runs
+    options = fit_options(kernel=kernel, gamma=gamma, priors=priors, noise_sd=noise_sd, draws=draws, tune=tune,
+                          chains=chains, seed=seed, init=init, scheme=scheme, refine_x0=refine_x0, solver=solver,
+                          posterior=posterior, posterior_draws=posterior_draws, posterior_tune=posterior_tune,
+                          posterior_chains=posterior_chains, posterior_rounds=posterior_rounds,
+                          posterior_budget=posterior_budget, nuts_sampler=nuts_sampler, cores=cores,
+                          progressbar=progressbar, stop=stop, grid=grid)
+    prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
+                       true_theta=true_theta)
+    matched = match(prepared, options, timings, t0)  # steps 1-2
+    t2 = time.perf_counter()
+    refined = refine_step(prepared, matched, options)  # step 3
+    timings["refinement"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    post = posterior_step(prepared, matched, refined, options)  # step 4
+    timings["posterior"] = time.perf_counter() - t3
+    timings["total"] = time.perf_counter() - t0
+    result = report(prepared, matched, refined, post, options, timings)
+    return result if prepared.scales is None else prepared.scales.back(result)  # on the original scale
+
+
+def fit_options(*, kernel, gamma, priors, noise_sd, draws, tune, chains, seed, init, scheme, refine_x0, solver,
+                posterior, posterior_draws, posterior_tune, posterior_chains, posterior_rounds, posterior_budget,
+                nuts_sampler, cores, progressbar, stop, grid) -> FitOptions:
+    """:func:`fit`'s options, checked before any GP fit, compiled kernel or sampler runs."""
     if seed is None:  # a fresh seed, recorded in the sampler's settings (result.tree attrs)
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     seed = check_count(seed, "seed", minimum=0)
     draws, tune, chains = (check_count(draws, "draws", minimum=1), check_count(tune, "tune", minimum=0),
                            check_count(chains, "chains", minimum=1))
-    if posterior not in ("nuts", "laplace", None):
-        raise DataError(f"posterior must be 'nuts', 'laplace' or None, got {posterior!r}")
+    if isinstance(posterior, str) and posterior == "nuts":
+        posterior = NUTS(posterior_draws, posterior_tune, posterior_chains, posterior_rounds, posterior_budget,
+                         nuts_sampler, cores)
+    elif isinstance(posterior, str) and posterior == "laplace":
+        posterior = Laplace(check_count(posterior_draws, "posterior_draws", minimum=1)
+                            * check_count(posterior_chains, "posterior_chains", minimum=1))
+    elif posterior is not None and not isinstance(posterior, (NUTS, Laplace)):
+        raise DataError(f"posterior must be 'nuts', 'laplace', None, pgpgm.NUTS(...) or pgpgm.Laplace(...), "
+                        f"got {posterior!r}")
     scheme = get_scheme(scheme)
-    posterior_draws = check_count(posterior_draws, "posterior_draws", minimum=1)
-    posterior_tune = check_count(posterior_tune, "posterior_tune", minimum=0)
-    posterior_chains = check_count(posterior_chains, "posterior_chains", minimum=1)
-    posterior_rounds = check_count(posterior_rounds, "posterior_rounds", minimum=1)
-    posterior_budget = PosteriorBudget.of(posterior_budget)
-    if nuts_sampler not in ("pymc", "nutpie"):
-        raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
-    if cores is not None:
-        cores = check_count(cores, "cores", minimum=1)
     if isinstance(stop, str) and stop not in ("agree", "never"):
         raise DataError(f"stop must be 'agree' (stop when the chains agree), 'never' (the whole budget) or a stop "
                         f"rule object, got {stop!r}")
     for k in (kernel.values() if isinstance(kernel, Mapping) else [kernel]):
         if isinstance(k, str) and k not in KERNELS:
             raise DataError(f"unknown kernel {k!r}; built-in kernels are {sorted(KERNELS)}")
+    return FitOptions(kernel, gamma, priors, noise_sd, draws, tune, chains, seed, init, scheme, refine_x0, solver,
+                      posterior, progressbar, stop, grid)
+
+
+def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise, transform, fixed,
+            true_theta) -> Prepared:
+    """The problem :func:`fit` solves, every input checked: the observations, the log-scale plan, the
+    fixed parameters substituted (see :func:`fit`)."""
+    kernel, gamma, noise_sd, grid = options.kernel, options.gamma, options.noise_sd, options.grid
     obs = as_observations(data, observed, system, grid=grid)
     per_state(kernel, obs.states, "kernel")  # a mapping names observed states only
     for v in per_state(gamma, obs.states, "gamma"):
@@ -200,7 +373,7 @@ def fit(
         if tt.shape != (system.n_parameters,) or not np.all(np.isfinite(tt)):
             raise DataError(f"true_theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
                             f"got {true_theta!r}")
-    full, fixed = system, dict(fixed or {})
+    full, fixed, priors, init = system, dict(fixed or {}), options.priors, options.init
     if fixed:  # fixed parameters become numbers in the equations: the fit runs on the others
         system = full.fix(fixed)
         gm = replace(gm, system=system if gm.system is full else gm.system.fix(fixed))
@@ -212,187 +385,165 @@ def fit(
             if values.shape == (full.n_parameters,):
                 init = values[[full.parameters.index(p) for p in system.parameters]]
     Priors.from_user(system.parameters, priors)
-    gps = fit_gps(gm.obs, kernel, noise_sd=gm.noise_sd, seed=seed)
+    return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta)
+
+
+def match(prepared: Prepared, options: FitOptions, timings: dict, t0: float) -> Matched:
+    """Steps 1-2: a GP per observed state, the gradient-matching density, its chains (in this process:
+    worker processes would each compile the model again), stopped by ``options.stop``."""
+    gm, system, obs = prepared.matching, prepared.system, prepared.obs
+    gps = fit_gps(gm.obs, prepared.kernel, noise_sd=gm.noise_sd, seed=options.seed)
     timings["gp"] = time.perf_counter() - t0
-    integrator = Integrator(system, obs.times, solver)
+    integrator = Integrator(system, obs.times, options.solver)
     gm_integrator = integrator if gm.system is system else Integrator(gm.system, obs.times, integrator.solver)
-    density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=kernel, gamma=gamma,
-                                        priors=priors, noise_sd=gm.noise_sd, gp_fits=gps, solver=gm_integrator,
-                                        seed=seed, grid=grid)
+    density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=prepared.kernel,
+                                        gamma=prepared.gamma, priors=prepared.priors, noise_sd=gm.noise_sd,
+                                        gp_fits=gps, solver=gm_integrator, seed=options.seed, grid=options.grid)
     t1 = time.perf_counter()
-    own_rule = isinstance(stop, str) and stop == "agree"  # its checks refine step 3's problem
-    if own_rule:
-        stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=refine_x0,
-                                estimate_noise=gm.noise_sd is None, seed=seed)
-    # step 2 in this process (cores=1): worker processes would each compile the model again
-    tree = sample(density, draws=draws, tune=tune, chains=chains, seed=seed, init=init, scheme=scheme, cores=1,
-                  progressbar=progressbar, stop=stop)
-    stopping = json.loads(tree.attrs["pgpgm_stopping"])
+    stop, own_rule = options.stop, isinstance(options.stop, str) and options.stop == "agree"
+    if own_rule:  # its checks refine step 3's problem
+        stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=options.refine_x0,
+                                estimate_noise=gm.noise_sd is None, seed=options.seed)
+    run = run_chains(density, draws=options.draws, tune=options.tune, chains=options.chains, seed=options.seed,
+                     init=prepared.init, scheme=options.scheme, cores=1, progressbar=options.progressbar, stop=stop)
     timings["sampling"] = time.perf_counter() - t1
-    n_sampling = gm_integrator.n_solves
-    post = tree.posterior
+    return Matched(tuple(gps), density, run, integrator, gm_integrator, own_rule, gm_integrator.n_solves)
+
+
+def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Refined:
+    """Step 3: least squares of the ODE solution from the chains' pooled mean and each chain's mean (or,
+    when fit's stop rule stopped the chains, from the best optimum its last check refined them to),
+    and from the stop rule's box search; the best by likelihood."""
+    system, density, run, scales = prepared.system, matched.density, matched.run, prepared.scales
+    post = run.tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
-    unknown = [system.states[i] for i in density.unknown_x0_idx]  # latent states with unknown initial values
+    unknown = tuple(system.states[i] for i in density.unknown_x0_idx)  # latent states with unknown initial values
     noise_start = density.noise_sd  # the GP's noise sds: the refinement's start and step 4's prior centre
-    on_log_for_matching = scales is not None and gm is not scales.likelihood
+    on_log = prepared.on_log_for_matching
 
     def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
         mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
         x = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]))
-        return scales.matching_to_likelihood(x, noise_start)[0] if on_log_for_matching else x
+        return scales.matching_to_likelihood(x, noise_start)[0] if on_log else x
 
     x0_full = start_x0({})
-    if on_log_for_matching:
+    if on_log:
         noise_start = scales.matching_to_likelihood(x0_full, noise_start)[1]
-
-    t2 = time.perf_counter()
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
-    free_x0 = (density.observed_idx if refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
-    problem = LeastSquaresProblem(integrator, obs.values, density.observed_idx, noise_start, x0_full,
+    free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
+    problem = LeastSquaresProblem(matched.integrator, prepared.obs.values, density.observed_idx, noise_start, x0_full,
                                   free_x0=free_x0)
     # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
     # free initial values, as the stop checks refine them); keep the best
     starts = {"pooled mean": np.concatenate([theta_s, x0_full[list(free_x0)]])}
-    last = stopping["checks"][-1] if stopping["checks"] else None
-    same_problem = own_rule and last is not None and gm.system is system and not on_log_for_matching
-    if same_problem and stopping["stopped"]:
+    last = run.last
+    same_problem = matched.own_rule and last is not None and prepared.matching.system is system and not on_log
+    if same_problem and run.stopped:
         # the chains stopped at a check whose windows are the kept draws: that check refined every
         # chain's mean (and any box start) already (this problem, these bounds); go on from the best
-        starts["last check's best optimum"] = np.array(last["best_q"])
+        starts["last check's best optimum"] = np.array(last.best_q)
     elif post.sizes["chain"] > 1:
         starts |= {f"chain {c} mean": np.concatenate([[float(post[p].sel(chain=c).mean()) for p in system.parameters],
                                                      start_x0({"chain": c})[list(free_x0)]])
                    for c in post.chain.values}
-    if same_problem and not stopping["stopped"] and last["box_q"]:  # the stop rule's search of the prior box
-        starts["box search's best optimum"] = np.array(last["box_q"])
+    if same_problem and not run.stopped and last.box_q:  # the stop rule's search of the prior box
+        starts["box search's best optimum"] = np.array(last.box_q)
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
-    refinements = [refine(problem, th, bounds, estimate_noise=noise_sd is None, warn=False) for th in starts.values()]
+    estimate_noise = options.noise_sd is None
+    refinements = tuple(refine(problem, th, bounds, estimate_noise=estimate_noise, warn=False)
+                        for th in starts.values())
     usable = [r for r in refinements if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
-    ref: Refinement = min(usable, key=lambda r: r.nll)
-    if ref.undetermined:
-        warnings.warn(f"the data do not determine {', '.join(ref.undetermined)}: their standard errors are infinite; "
+    best: Refinement = min(usable, key=lambda r: r.nll)
+    if best.undetermined:
+        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
                       "fix or give tighter priors to some of them, or measure more states", IdentifiabilityWarning,
-                      stacklevel=2)
-    x0_refined = ref.x0
-    timings["refinement"] = time.perf_counter() - t2
+                      stacklevel=3)
+    return Refined(best, refinements, starts, problem, theta_s, x0_full, noise_start, unknown)
 
+
+def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:
+    """Step 4: NUTS on the ODE model from the refined optimum (each separate mode's mean refined: which
+    optimum it belongs to), the Laplace approximation, or step 2's chains (``options.posterior`` None)."""
+    system, obs, density, ref = prepared.system, prepared.obs, matched.density, refined.best
+    spec = options.posterior
     t = obs.times
-    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), integrator.solver)
-    diagnostics = {"gradient_matching": diagnose(tree, system.parameters)}
-    main, solves_post = tree, 0
-    t3 = time.perf_counter()
-    if posterior == "nuts":
-        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=noise_sd,
-                                        noise_center=noise_start, solver=integrator.solver,
+    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), matched.integrator.solver)
+    if isinstance(spec, NUTS):
+        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=options.noise_sd,
+                                        noise_center=refined.noise_start, solver=matched.integrator.solver,
                                         dense_times=dense.times,
-                                        x0_priors=dict(zip(unknown, density.x0_priors.specs)),
+                                        x0_priors=dict(zip(refined.unknown, density.x0_priors.specs)),
                                         log_scale=log_scale_names(density.priors, ref.theta, ref.stderr))
-        center, sd = _refined_point(layout, ref, obs, (*obs.states, *unknown))
+        center, sd = _refined_point(layout, ref, obs, (*obs.states, *refined.unknown))
         names = {**{p: p for p in layout.parameters},
-                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *unknown), layout.initial)}}
+                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *refined.unknown), layout.initial)}}
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
-        main = sample_posterior(model, center, sd, covariance=covariance, draws=posterior_draws, tune=posterior_tune,
-                                chains=posterior_chains, cores=cores, seed=seed, nuts_sampler=nuts_sampler,
-                                max_rounds=posterior_rounds, progressbar=progressbar, budget=posterior_budget,
-                                warn=False)
-        modes = json.loads(main.attrs.get("pgpgm_modes", "[]"))
+        run = run_nuts(model, center, sd, covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains,
+                       cores=spec.cores, seed=options.seed, nuts_sampler=spec.sampler, max_rounds=spec.rounds,
+                       progressbar=options.progressbar, budget=spec.budget, warn=False)
+        modes = [m.record() for m in run.modes]
         for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
             m = mode["mean"]
             q0 = np.array([m[p] for p in layout.parameters]
                           + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
-            r = refine(problem, q0, bounds, estimate_noise=noise_sd is None, warn=False)
+            r = refine(refined.problem, q0, density.priors.bounds, estimate_noise=options.noise_sd is None, warn=False)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
-        main.attrs["pgpgm_modes"] = json.dumps(modes)
-        diagnostics["posterior"] = diagnose(main, layout.free)
-        if "pgpgm_round_gradient_evaluations" in main.attrs:  # every round's draws, not just those kept
-            solves_post = sum(json.loads(main.attrs["pgpgm_round_gradient_evaluations"]))
-        elif "n_steps" in main.sample_stats:
-            solves_post = int(main.sample_stats["n_steps"].sum())
-    elif posterior == "laplace":
-        main = laplace_posterior(dense, ref, draws=posterior_draws * posterior_chains, seed=seed)
-    timings["posterior"] = time.perf_counter() - t3
-    timings["total"] = time.perf_counter() - t0
-    label = "posterior" if posterior == "nuts" else "gradient_matching"
-    if posterior != "laplace":
-        warn_if_unconverged(diagnostics[label], "NUTS" if posterior == "nuts" else
+        run.tree.attrs["pgpgm_modes"] = json.dumps(modes)
+        if run.gradient_evaluations:  # every round's draws, not just those kept
+            solves = sum(run.gradient_evaluations)
+        elif "n_steps" in run.tree.sample_stats:
+            solves = int(run.tree.sample_stats["n_steps"].sum())
+        else:
+            solves = 0
+        return Posterior(run.tree, run, tuple(layout.free), solves)
+    if isinstance(spec, Laplace):
+        return Posterior(laplace_posterior(dense, ref, draws=spec.draws, seed=options.seed), None, (), 0)
+    return Posterior(matched.run.tree, None, (), 0)
+
+
+def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posterior, options: FitOptions,
+           timings: dict) -> FitResult:
+    """Diagnostics and warnings (convergence, bounds), then the :class:`FitResult`
+    (:func:`pgpgm.result.assemble`)."""
+    system, spec, run = prepared.system, options.posterior, matched.run
+    diagnostics = {"gradient_matching": diagnose(run.tree, system.parameters)}
+    if isinstance(spec, NUTS):
+        diagnostics["posterior"] = diagnose(post.tree, post.free)
+    if not isinstance(spec, Laplace):
+        label = "posterior" if isinstance(spec, NUTS) else "gradient_matching"
+        warn_if_unconverged(diagnostics[label], "NUTS" if isinstance(spec, NUTS) else
                             "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
-                                                   "to the end)" if stopping["stopped"] else ""),
-                            notes=posterior_notes(main) if posterior == "nuts" else ())
-
+                                                   "to the end)" if run.stopped else ""),
+                            notes=posterior_notes(post.tree) if isinstance(spec, NUTS) else (), stacklevel=4)
     # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
-    draws = {p: main.posterior[p].values for p in system.parameters if p in main.posterior} if posterior else None
-    at_bounds = bound_report(density.priors, ref.theta, draws, stderr=ref.stderr)
-    warn_at_bounds(at_bounds)
-
+    draws = ({p: post.tree.posterior[p].values for p in system.parameters if p in post.tree.posterior}
+             if spec is not None else None)
+    at_bounds = bound_report(matched.density.priors, refined.best.theta, draws, stderr=refined.best.stderr)
+    warn_at_bounds(at_bounds, stacklevel=4)
+    data, true_theta = prepared.data, prepared.true_theta
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
-    estimates = [("sampled", theta_s), ("refined", ref.theta)]
-    if posterior is not None:
-        estimates.append(("posterior", np.array([float(main.posterior[p].mean()) for p in system.parameters])))
-    free = [full.parameters.index(p) for p in system.parameters]
-
-    def every(values, fill=None):  # free-parameter values (P_free,) to all parameters (P,)
-        out = np.array([fixed.get(p, np.nan) if fill is None else fill for p in full.parameters], float)
-        out[free] = values
-        return out
-
-    cov = np.zeros((full.n_parameters, full.n_parameters))
-    cov[np.ix_(free, free)] = ref.covariance
-    est = xr.Dataset(
-        {"theta": (("estimate", "parameter"), np.vstack([every(v) for _, v in estimates])),
-         "stderr": (("parameter",), every(ref.stderr, 0.0)),
-         "covariance": (("parameter", "parameter_"), cov),
-         "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
-         "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
-                                       for p in full.parameters]),
-         "x0": (("state",), ref.x0),
-         "x0_stderr": (("state",), _x0_stderr(ref, system.states)),
-         "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
-         "nll_per_start": (("start",), [r.nll for r in refinements])},
-        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters), "start": list(starts),
-                "state": list(system.states),
-                "parameter_": list(full.parameters)},
-        # with estimated noise sds the scaled cost is N/2 at every optimum: only the likelihood compares fits
-        attrs={"refinement_cost": ref.cost if noise_sd is not None else np.nan, "refinement_nll": ref.nll,
-               "noise_estimated": int(noise_sd is None),
-               "jacobian_rank": ref.rank, "undetermined": ", ".join(ref.undetermined),
-               "refinement_success": int(ref.success), "refinement_message": ref.message,
-               "sampling_stopped": int(stopping["stopped"]), "sampling_stop_reason": stopping["reason"],
-               "sampling_iterations": stopping["iterations"],
-               "bound_warnings": "\n".join(a.message for a in at_bounds)},
-    )
-    rows, labels = [], []
-    for label, th, x0_ in (("sampled", theta_s, x0_full), ("refined", ref.theta, x0_refined)):
-        rows.append(_safe_solve(dense, th, x0_))
-        labels.append(label)
-    if true_theta is not None:
-        true_theta = np.asarray(true_theta, float)
-        est["truth"] = ("parameter", true_theta)
-        x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
-                   else x0_full)
-        truth_solve = Integrator(full, dense.times, integrator.solver) if fixed else dense
-        rows.append(_safe_solve(truth_solve, true_theta, x0_true))
-        labels.append("truth")
-    traj = xr.Dataset(
-        {"x": (("estimate", "time_dense", "state"), np.stack(rows)),
-         "y": (("time", "observed"), obs.values),
-         "noise_sd": (("observed",), ref.noise_sd),
-         "noise_sd_gp": (("observed",), density.noise_sd)},
-        coords={"estimate": labels, "time_dense": dense.times, "time": t, "state": list(system.states),
-                "observed": list(obs.states)},
-    )
-    solves = {"sampling": n_sampling, "refinement": sum(r.n_solves for r in refinements), "posterior": solves_post}
-    result = FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
-    return result if scales is None else scales.back(result)  # on the original scale
+    x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
+               else refined.x0_sampled)
+    solves = {"sampling": matched.n_solves, "refinement": sum(r.n_solves for r in refined.refinements),
+              "posterior": post.solves}
+    return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed, tree=run.tree,
+                    main=post.tree, has_posterior=spec is not None, theta_sampled=refined.theta_sampled,
+                    x0_sampled=refined.x0_sampled, best=refined.best, refinements=refined.refinements,
+                    starts=tuple(refined.starts), unknown=refined.unknown, at_bounds=at_bounds,
+                    stopping=(run.stopped, run.reason, list(run.iterations)), noise_given=options.noise_sd is not None,
+                    noise_gp=matched.density.noise_sd, true_theta=true_theta, x0_true=x0_true,
+                    solver=matched.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
+                    diagnostics=diagnostics)
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:
     """The refined optimum by the ODE model's variable names, and a spread for each: the
     refinement's standard errors of theta and the free initial values (10 % of the value
     where undetermined), sigma/sqrt(2N) for a noise sd."""
-    se = _q_stderr(ref)
+    se = ref.q_stderr
     center, sd = {}, {}
     idx = [list(layout.states).index(s) for s in initial_states]
     for name, key, v in [*zip(layout.parameters, layout.parameters, ref.theta),
@@ -405,26 +556,3 @@ def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[s
     return center, sd
 
 
-def _q_stderr(ref: Refinement) -> dict[str, float]:
-    """Standard errors of the refinement's unknowns by name (``theta`` names, ``x0[<state>]``)."""
-    return dict(zip(ref.q_names, np.sqrt(np.diag(ref.q_covariance))))
-
-
-def _x0_stderr(ref: Refinement, states) -> np.ndarray:
-    """(S,) standard errors of the refined initial values (0 where the value was held fixed)."""
-    se = _q_stderr(ref)
-    return np.array([se.get(f"x0[{s}]", 0.0) for s in states])
-
-
-def _stack_diagnostics(diagnostics: dict[str, xr.Dataset]) -> xr.Dataset:
-    """One Dataset (sampler, variable) from the per-sampler diagnostics."""
-    parts = [d.expand_dims(sampler=[k]).assign(divergences=("sampler", [d.attrs["divergences"]]))
-             for k, d in diagnostics.items()]
-    return xr.concat(parts, dim="sampler", join="outer", combine_attrs="drop")
-
-
-def _safe_solve(solver: Integrator, theta, x0) -> np.ndarray:
-    try:
-        return solver.solve(theta, x0)
-    except ODESolveError:
-        return np.full((solver.times.size, solver.system.n_states), np.nan)

@@ -16,8 +16,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .errors import ResultFileError
+from .errors import ODESolveError, ResultFileError
 from .ode.system import ODESystem
+from .refinement import AtBound, Refinement
+from .solve import Integrator, Solver
 from .plots import plot_parameters, plot_states
 from .posterior.diagnostics import problems
 
@@ -408,3 +410,88 @@ def _one_sampler(diag: xr.Dataset, sampler: str) -> xr.Dataset:
     """The diagnostics of one sampler, as :func:`pgpgm.posterior.diagnostics.diagnose` returns them."""
     one = diag.sel(sampler=sampler).dropna("variable", how="all")
     return one[["rhat", "ess_bulk", "ess_tail"]].assign_attrs(divergences=int(one["divergences"]))
+
+
+def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, float], tree, main, has_posterior: bool,
+             theta_sampled: np.ndarray, x0_sampled: np.ndarray, best: Refinement, refinements, starts, unknown,
+             at_bounds: list[AtBound], stopping: tuple[bool, str, list[int]], noise_given: bool,
+             noise_gp: np.ndarray, true_theta, x0_true: np.ndarray, solver: Solver, dense_points: int,
+             timings: dict, solves: dict, diagnostics: Mapping[str, xr.Dataset]) -> FitResult:
+    """The :class:`FitResult` of :func:`pgpgm.fit` from its steps' outcomes.
+
+    ``full`` is the system as given, ``system`` the one fitted (fixed parameters substituted); the
+    estimates keep every parameter of ``full`` (fixed ones marked, standard error 0). ``tree`` holds
+    step 2's chains, ``main`` the main posterior; ``best`` is the refinement kept, ``refinements``
+    (one per name of ``starts``) all of them; ``stopping`` is (stopped, reason, iterations per chain).
+    Trajectories are solved on ``dense_points`` times over the data's span (NaN where a solve fails).
+    """
+    free = [full.parameters.index(p) for p in system.parameters]
+
+    def every(values, fill=None):  # free-parameter values (P_free,) to all parameters (P,)
+        out = np.array([fixed.get(p, np.nan) if fill is None else fill for p in full.parameters], float)
+        out[free] = values
+        return out
+
+    estimates = [("sampled", theta_sampled), ("refined", best.theta)]
+    if has_posterior:
+        estimates.append(("posterior", np.array([float(main.posterior[p].mean()) for p in system.parameters])))
+    cov = np.zeros((full.n_parameters, full.n_parameters))
+    cov[np.ix_(free, free)] = best.covariance
+    stopped, reason, iterations = stopping
+    se = best.q_stderr
+    est = xr.Dataset(
+        {"theta": (("estimate", "parameter"), np.vstack([every(v) for _, v in estimates])),
+         "stderr": (("parameter",), every(best.stderr, 0.0)),
+         "covariance": (("parameter", "parameter_"), cov),
+         "fixed": (("parameter",), np.array([p in fixed for p in full.parameters])),
+         "at_bound": (("parameter",), [",".join(a.side for a in at_bounds if a.parameter == p)
+                                       for p in full.parameters]),
+         "x0": (("state",), best.x0),
+         "x0_stderr": (("state",), np.array([se.get(f"x0[{s}]", 0.0) for s in system.states])),
+         "x0_unknown": (("state",), np.array([s in unknown for s in system.states])),
+         "nll_per_start": (("start",), [r.nll for r in refinements])},
+        coords={"estimate": [k for k, _ in estimates], "parameter": list(full.parameters), "start": list(starts),
+                "state": list(system.states),
+                "parameter_": list(full.parameters)},
+        # with estimated noise sds the scaled cost is N/2 at every optimum: only the likelihood compares fits
+        attrs={"refinement_cost": best.cost if noise_given else np.nan, "refinement_nll": best.nll,
+               "noise_estimated": int(not noise_given),
+               "jacobian_rank": best.rank, "undetermined": ", ".join(best.undetermined),
+               "refinement_success": int(best.success), "refinement_message": best.message,
+               "sampling_stopped": int(stopped), "sampling_stop_reason": reason,
+               "sampling_iterations": iterations,
+               "bound_warnings": "\n".join(a.message for a in at_bounds)},
+    )
+    t = obs.times
+    dense = Integrator(system, np.linspace(t[0], t[-1], dense_points), solver)
+    rows = [_safe_solve(dense, theta_sampled, x0_sampled), _safe_solve(dense, best.theta, best.x0)]
+    labels = ["sampled", "refined"]
+    if true_theta is not None:
+        true_theta = np.asarray(true_theta, float)
+        est["truth"] = ("parameter", true_theta)
+        truth_solve = Integrator(full, dense.times, solver) if fixed else dense
+        rows.append(_safe_solve(truth_solve, true_theta, x0_true))
+        labels.append("truth")
+    traj = xr.Dataset(
+        {"x": (("estimate", "time_dense", "state"), np.stack(rows)),
+         "y": (("time", "observed"), obs.values),
+         "noise_sd": (("observed",), best.noise_sd),
+         "noise_sd_gp": (("observed",), noise_gp)},
+        coords={"estimate": labels, "time_dense": dense.times, "time": t, "state": list(system.states),
+                "observed": list(obs.states)},
+    )
+    return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+
+
+def _stack_diagnostics(diagnostics: Mapping[str, xr.Dataset]) -> xr.Dataset:
+    """One Dataset (sampler, variable) from the per-sampler diagnostics."""
+    parts = [d.expand_dims(sampler=[k]).assign(divergences=("sampler", [d.attrs["divergences"]]))
+             for k, d in diagnostics.items()]
+    return xr.concat(parts, dim="sampler", join="outer", combine_attrs="drop")
+
+
+def _safe_solve(solver: Integrator, theta, x0) -> np.ndarray:
+    try:
+        return solver.solve(theta, x0)
+    except ODESolveError:
+        return np.full((solver.times.size, solver.system.n_states), np.nan)

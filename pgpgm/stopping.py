@@ -46,104 +46,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 from scipy.stats import qmc
 
 from .refinement.bounds import bound_report
 from .matching.density import GradientMatchingDensity
+from .matching.stop import Checkpoint, Decision
 from .errors import DataError
 from .refinement.least_squares import LeastSquaresProblem, refine
 from .solve import Integrator
 
 #: residual evaluations of a box point's first, short refinement (:meth:`RefinedAgreement._box_search`)
 _PROBE_NFEV = 40
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One chain at a check.
-
-    chain : chain number; iteration : iterations done (tuning included);
-    start : first iteration of the window the means are taken over, the latter half of
-    the chain so far (``min(iteration // 2, tune)``); theta : (P,) mean of the parameters
-    over the window; x0 : (S,) mean of every state's value at ``times[0]`` over the window
-    (state units; a latent state with a known initial value has it in every draw).
-    """
-
-    chain: int
-    iteration: int
-    start: int
-    theta: np.ndarray
-    x0: np.ndarray
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A stop rule's verdict at one check.
-
-    iteration : iterations done by every chain; stop : whether the chains stop here;
-    reason : why (or why not), in words; nll : (chains,) the refined negative log
-    likelihood from each chain's mean (empty for rules that do not refine); theta :
-    (chains, P) the refined parameters; settled : checks for which the best ``nll`` has
-    not dropped; refined_at : the iteration whose chain means ``nll`` and ``theta`` were
-    refined from (this check's, or an earlier one's when this check did not refine; None
-    for rules that do not refine); at_bound : the prior bounds the best refined optimum
-    lies on, in words (e.g. ``"theta1 at its upper bound 10"``); q : (chains, Q) every
-    refined unknown (the parameters, then the free initial values of
-    :meth:`RefinedAgreement.problem`), from which step 3 goes on.
-    """
-
-    iteration: int
-    stop: bool
-    reason: str
-    nll: tuple[float, ...] = ()
-    theta: tuple[tuple[float, ...], ...] = ()
-    settled: int = 0
-    refined_at: int | None = None
-    at_bound: tuple[str, ...] = ()
-    q: tuple[tuple[float, ...], ...] = ()
-    fit_ratio: tuple[float, ...] = ()
-    held: tuple[str, ...] = ()
-    box_nll: float = np.inf
-    box_q: tuple[float, ...] = ()
-    box_starts: int = 0
-    box_fit_ratio: tuple[float, ...] = ()
-
-    @property
-    def best_nll(self) -> float:
-        """The lowest negative log likelihood found so far: the chains' refinements at this check
-        and the best box start of every check up to here."""
-        return min(min(self.nll, default=np.inf), self.box_nll)
-
-    @property
-    def best_q(self) -> tuple[float, ...]:
-        """(Q,) the unknowns of :attr:`best_nll`'s optimum (empty when nothing was refined)."""
-        if not self.nll and not self.box_q:
-            return ()
-        if self.box_q and self.box_nll < min(self.nll, default=np.inf):
-            return self.box_q
-        return self.q[int(np.argmin(self.nll))]
-
-    def as_dict(self) -> dict:
-        return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
-                "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
-                "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
-                "held": list(self.held), "box_nll": self.box_nll, "box_q": list(self.box_q),
-                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "best_nll": self.best_nll,
-                "best_q": list(self.best_q)}
-
-
-class StopRule(Protocol):
-    """What :func:`pgpgm.sample` needs of a stop rule."""
-
-    name: ClassVar[str]
-    check_every: int
-    min_iterations: int
-
-    def decide(self, checkpoints: Sequence[Checkpoint], previous: Decision | None) -> Decision:
-        """The verdict at one check, given every chain's checkpoint and the previous verdict."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,6 +147,13 @@ class RefinedAgreement:
         if self.fit_ratio is not None and not (np.isfinite(self.fit_ratio) and self.fit_ratio >= 1):
             raise DataError(f"fit_ratio must be a number >= 1 (residual sd over the GP's noise sd) or None, "
                             f"got {self.fit_ratio!r}")
+
+    @classmethod
+    def for_density(cls, density: GradientMatchingDensity, **kwargs) -> RefinedAgreement:
+        """The rule on ``density`` with its defaults: the density's latent-state integrator (or one on
+        the data's times), the Uniform priors' bounds, noise sds estimated; ``kwargs`` as the class."""
+        integrator = density.integrator or Integrator(density.system, density.obs.times)
+        return cls(density, integrator, density.priors.bounds, **kwargs)
 
     def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
         """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the
@@ -390,18 +313,3 @@ class RefinedAgreement:
 
 def _fmt(values) -> str:
     return ", ".join(f"{v:.6g}" for v in values)
-
-
-def stop_rule(stop, density: GradientMatchingDensity) -> StopRule | None:
-    """The rule for ``stop``: None for ``"never"``; for ``"agree"`` a :class:`RefinedAgreement`
-    on ``density`` with its defaults (the density's latent-state integrator, the uniform
-    priors' bounds, noise sds estimated); a rule object as is."""
-    if isinstance(stop, str) and stop == "never":
-        return None
-    if isinstance(stop, str) and stop == "agree":
-        integrator = density.integrator or Integrator(density.system, density.obs.times)
-        return RefinedAgreement(density, integrator, density.priors.bounds)
-    if all(hasattr(stop, a) for a in ("decide", "check_every", "min_iterations", "name")):
-        return stop
-    raise DataError(f"stop must be 'agree', 'never' or a stop rule object such as RefinedAgreement(...), "
-                    f"got {stop!r}")

@@ -15,7 +15,8 @@ from pgpgm import DataError, gradient_matching_density, sample
 from pgpgm.priors import Priors
 from pgpgm.refinement import LeastSquaresProblem, refine
 from pgpgm.matching import Block, Elementwise, GradientMatchingTarget
-from pgpgm.stopping import Checkpoint, Decision, RefinedAgreement
+from pgpgm.matching.stop import Checkpoint, Decision
+from pgpgm.stopping import RefinedAgreement
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ BLAS runs single-threaded while chains run (threadpoolctl).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
 from multiprocessing.connection import Connection, wait
 
 import cloudpickle
@@ -32,7 +35,7 @@ from ..progress import compiling
 from .kernel import init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
-from ..stopping import Checkpoint, Decision, StopRule, stop_rule
+from .stop import Checkpoint, Decision, StopRule, check_stop_rule
 from .target import GradientMatchingTarget
 
 __all__ = ["initial_params", "run_chain", "sample"]
@@ -106,7 +109,29 @@ def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: i
     return result
 
 
-def sample(
+@dataclass(frozen=True)
+class MatchingRun:
+    """Step 2's outcome: the chains and why they ended.
+
+    tree : the draws (see :func:`sample`); stopped : whether the stop rule ended the chains before
+    ``tune + draws``; reason : why they ended, in words; iterations : (chains,) iterations each
+    ran, tuning included; decisions : the stop rule's :class:`~pgpgm.matching.stop.Decision` at
+    every check (empty without a rule).
+    """
+
+    tree: Any
+    stopped: bool
+    reason: str
+    iterations: tuple[int, ...]
+    decisions: tuple[Decision, ...]
+
+    @property
+    def last(self) -> Decision | None:
+        """The last check's decision, None when there was no check."""
+        return self.decisions[-1] if self.decisions else None
+
+
+def run_chains(
     density: GradientMatchingDensity | GradientMatchingTarget,
     *,
     draws: int = 2000,
@@ -121,7 +146,8 @@ def sample(
     progressbar: bool = True,
     stop: str | StopRule = "never",
 ):
-    """Sample the gradient-matching density (step 2 of the method).
+    """Sample the gradient-matching density (step 2 of the method); :func:`sample` returns the
+    draws alone, this function the :class:`MatchingRun` with the stop rule's decisions.
 
     Parameters
     ----------
@@ -148,10 +174,10 @@ def sample(
         model once (a few seconds)
     state_scale, param_scale : initial proposal sds (state units; parameter units, scalar or (P,))
     stop : ``"never"`` (default: every chain runs ``tune + draws`` iterations, the published
-        budget), ``"agree"`` (stop once the best least-squares optimum refined from the
-        chains' means has settled, checked at 100 iterations and every 50 after:
-        :class:`pgpgm.stopping.RefinedAgreement` with the density's defaults) or a
-        stop rule object such as ``RefinedAgreement(density, integrator, check_every=100)``.
+        budget) or a stop rule object (:class:`~pgpgm.matching.stop.StopRule`), such as
+        ``pgpgm.RefinedAgreement.for_density(density)`` (stop once the best least-squares
+        optimum refined from the chains' means has settled, checked at 100 iterations and every
+        50 after; :func:`pgpgm.fit`'s ``stop="agree"``).
         The chains then advance together, check by check, in this process or in the
         workers; a stopped chain keeps the latter half of its iterations (tuning included)
         as its draws.
@@ -173,7 +199,7 @@ def sample(
     if cores is not None and (int(cores) != cores or cores < 1):
         raise DataError(f"cores must be a positive integer or None, got {cores!r}")
     scheme = get_scheme(scheme)
-    rule = stop_rule(stop, density.density if isinstance(density, GradientMatchingTarget) else density)
+    rule = check_stop_rule(stop)
     with compiling("the gradient-matching density", progressbar and not isinstance(density, GradientMatchingTarget)):
         target = density if isinstance(density, GradientMatchingTarget) else GradientMatchingTarget(density)
         if isinstance(scheme, Block):  # its parameter moves use this function: compiled now, not at 0 %
@@ -203,11 +229,13 @@ def sample(
                            f"the whole budget ran (tune + draws = {tune + draws} iterations per chain)"
                            + (f"; last check: {decisions[-1].reason}" if decisions else "")),
                 "checks": [dec.as_dict() for dec in decisions]}
-    return _to_datatree(target.density, results, {
+    tree = _to_datatree(target.density, results, {
         "draws": draws, "tune": tune, "chains": chains, "seed": -1 if seed is None else seed,
         "init": init if isinstance(init, str) else list(map(float, init)), "scheme": scheme.name, "cores": cores,
         "sampling_time_s": elapsed, "n_logp_evals": target.n_logp_evals - n0,
     }, stopping)
+    return MatchingRun(tree, stopping["stopped"], stopping["reason"], tuple(stopping["iterations"]),
+                       tuple(decisions))
 
 
 def advance(run: Generator, stop: bool | None) -> tuple[str, Checkpoint | dict]:
@@ -351,3 +379,12 @@ def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict
     )
     tree.attrs.update(attrs)
     return tree
+
+
+def sample(density, **kwargs):
+    """Sample the gradient-matching density (step 2 of the method): the draws of
+    :func:`run_chains`, which takes the same arguments (an ArviZ DataTree; its ``Returns``)."""
+    return run_chains(density, **kwargs).tree
+
+
+sample.__signature__ = inspect.signature(run_chains)

@@ -17,11 +17,14 @@ matrix), chains in parallel processes.
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pymc as pm
@@ -29,7 +32,7 @@ import pytensor.tensor as pt
 from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFull, QuadPotentialFullAdapt
 
 from ..data import Observations, as_observations, initial_value_priors, initial_values
-from .diagnostics import ESS_MIN, diagnose, find_modes, modes_note, problems, warn_if_unconverged
+from .diagnostics import ESS_MIN, Mode, diagnose, find_modes, modes_note, problems, warn_if_unconverged
 from ..errors import DataError, ODESolveError
 from ..ode.system import ODESystem
 from ..priors import PriorSpec, Priors
@@ -431,7 +434,7 @@ MIN_ROUND_DRAWS = 100
 MAX_ROUNDS = 6
 
 
-def sample_posterior(
+def run_nuts(
     model: pm.Model,
     center: Mapping[str, float],
     sd: Mapping[str, float],
@@ -450,7 +453,8 @@ def sample_posterior(
     warn: bool = True,
     starts: Sequence[Mapping[str, float]] | None = None,
 ):
-    """NUTS on ``model`` from around ``center`` (constrained values of its free variables).
+    """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
+    :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
 
     Parameters
     ----------
@@ -621,8 +625,31 @@ def _budgeted_sample(meter: BudgetMeter, **kwargs):
     return out
 
 
-def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool):
-    """Records the rounds, the budget and the modes in ``tree.attrs``; warns when asked."""
+@dataclass(frozen=True)
+class NUTSRun:
+    """Step 4's outcome: the draws, and how the rounds went.
+
+    tree : the posterior (see :func:`sample_posterior`); rounds : how many NUTS rounds ran;
+    round_draws : (rounds,) draws per chain of each; kept : the rounds (1 = first) whose draws
+    ``tree`` holds; gradient_evaluations : (rounds,) each round's; problems : why each further round
+    ran (the failed checks of :func:`~pgpgm.posterior.diagnostics.problems`); budget : what the
+    :class:`PosteriorBudget` allowed and what was used (:meth:`BudgetMeter.record`); modes : the
+    separate modes the chains sit in (:func:`~pgpgm.posterior.diagnostics.find_modes`; empty for one).
+    The same facts are in ``tree.attrs`` (``pgpgm_rounds`` ...) so that a saved result keeps them.
+    """
+
+    tree: Any
+    rounds: int
+    round_draws: tuple[int, ...]
+    kept: tuple[int, ...]
+    gradient_evaluations: tuple[int, ...]
+    problems: tuple
+    budget: Mapping
+    modes: tuple[Mode, ...]
+
+
+def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool) -> NUTSRun:
+    """The :class:`NUTSRun`, its facts also recorded in ``tree.attrs``; warns when asked."""
     modes = find_modes(tree, names)
     tree.attrs["pgpgm_rounds"] = rounds
     tree.attrs["pgpgm_round_draws"] = json.dumps(round_draws)
@@ -633,7 +660,17 @@ def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluati
     tree.attrs["pgpgm_modes"] = json.dumps([m.record() for m in modes])
     if warn:
         warn_if_unconverged(diagnose(tree, names), "NUTS", notes=posterior_notes(tree), stacklevel=4)
-    return tree
+    return NUTSRun(tree, rounds, tuple(round_draws), tuple(kept), tuple(map(int, evaluations)), tuple(reasons),
+                   meter.record(), tuple(modes))
+
+
+def sample_posterior(model, center, sd, **kwargs):
+    """NUTS on ``model`` from around ``center``: the draws of :func:`run_nuts`, which takes the same
+    arguments (an ArviZ DataTree; its ``Returns``)."""
+    return run_nuts(model, center, sd, **kwargs).tree
+
+
+sample_posterior.__signature__ = inspect.signature(run_nuts)
 
 
 def posterior_notes(tree) -> list[str]:

@@ -92,6 +92,11 @@ class Refinement:
     null_space: np.ndarray
     undetermined: tuple[str, ...]
 
+    @property
+    def q_stderr(self) -> dict[str, float]:
+        """Standard errors of the unknowns by name (``theta`` names, ``x0[<state>]``)."""
+        return dict(zip(self.q_names, np.sqrt(np.diag(self.q_covariance))))
+
 
 @dataclass(frozen=True, eq=False)
 class LeastSquaresProblem:
