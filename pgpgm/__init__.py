@@ -1,9 +1,20 @@
 """pgpgm: parameter inference for partially observed nonlinear ODE systems.
 
-The pipeline, in the order of the package layout: ``ode`` (model definition) ->
-``solve`` (ODE solvers, the PyTensor Op) -> ``gp`` (step 1) -> ``density`` (step 2a) ->
-``sampling`` (step 2b) -> ``refine`` (step 3) -> ``posterior`` (step 4) -> ``pipeline``
-(:func:`fit`) -> ``result``; ``batch`` runs many fits on dask.
+The package reads as the pipeline, each layer importing only the ones above it in this list
+(``tests/test_layout.py`` checks it):
+
+- ``errors``, ``checks`` (input checks), ``progress``, ``processes`` - leaves;
+- ``codegen/`` - sympy to numba source, templates specialised per model, the disk cache;
+- ``ode/`` - the model: equation language, :class:`ODESystem`, its compiled kernels, log transforms;
+- ``solve/`` - solver objects (one module per backend), the :class:`Integrator`, the PyTensor Op;
+- ``data``, ``priors`` - measurements and prior specifications;
+- ``gp/`` - step 1, a Gaussian process per observed state;
+- ``matching/`` - step 2, the gradient-matching density and its sampler (:func:`sample`);
+- ``refinement/`` - step 3, least squares of the ODE solution (:func:`refine`), bound checks;
+- ``posterior/`` - step 4, NUTS on the ODE model within a budget, diagnostics;
+- ``stopping`` - step 2's default stop rule, which runs step 3's refinement;
+- the application: ``plots``, ``result``, ``logscale``, ``simulate``, ``spec`` (model files),
+  ``pipeline`` (:func:`fit`, a composition of the steps), ``batch`` (many fits), ``cli``.
 
 The public API below is loaded on first use (SPEC 1, ``lazy_loader``): ``import pgpgm`` and
 ``pgpgm --help`` do not import PyMC, ArviZ and SymPy (~3 s); the first ``pgpgm.fit`` (or any

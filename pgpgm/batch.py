@@ -36,11 +36,11 @@ import numpy as np
 import pandas as pd
 
 from .errors import DataError, PgpgmError, ResultFileError
-from .spec import ModelSpec, load_model
 from .ode.system import ODESystem
-from .processes import main_module_hidden
 from .pipeline import fit
+from .processes import main_module_hidden
 from .result import check_replaceable, load_result
+from .spec import ModelSpec, load_model
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _TIDY = ("time", "state", "value")

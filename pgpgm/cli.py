@@ -14,7 +14,6 @@ import pgpgm
 
 from .errors import DataError, ModelDefinitionError, PgpgmError
 
-
 EXIT_OK, EXIT_FIT_FAILED, EXIT_USAGE = 0, 1, 2  # exit codes: success, a failed fit, a usage or input error
 
 
@@ -201,7 +200,7 @@ def _table(df) -> str:
 
 def _has_tabulate() -> bool:
     try:
-        import tabulate  # noqa: F401
+        import tabulate
 
         return True
     except ImportError:

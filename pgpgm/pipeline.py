@@ -25,12 +25,25 @@ from .gp import GPFit
 from .gp.kernels import KERNELS
 from .logscale import Problem, Scales, plan_scales
 from .matching import MatchingRun, get_scheme, run_chains
-from .matching.density import GradientMatchingDensity, fit_gps, gradient_matching_density, per_state
+from .matching.density import (
+    GradientMatchingDensity,
+    fit_gps,
+    gradient_matching_density,
+    per_state,
+)
 from .ode.system import ODESystem
 from .posterior.diagnostics import diagnose, warn_if_unconverged
-from .posterior.nuts import (MAX_ROUNDS, NUTSRun, PosteriorBudget, build_ode_model, laplace_posterior,
-                             log_scale_names, posterior_notes, run_nuts)
-from .priors import PriorSpec, Priors
+from .posterior.nuts import (
+    MAX_ROUNDS,
+    NUTSRun,
+    PosteriorBudget,
+    build_ode_model,
+    laplace_posterior,
+    log_scale_names,
+    posterior_notes,
+    run_nuts,
+)
+from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
 from .result import FitResult, assemble
@@ -422,7 +435,7 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
     on_log = prepared.on_log_for_matching
 
     def start_x0(sel) -> np.ndarray:  # (S,) the chains' mean initial state (sel: all chains or one)
-        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())  # noqa: E731
+        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())
         x = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]))
         return scales.matching_to_likelihood(x, noise_start)[0] if on_log else x
 

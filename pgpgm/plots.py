@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .result import FitResult
+
+class Fitted(Protocol):
+    """What the figures read of a fit (a :class:`pgpgm.FitResult` has it): the system, the
+    trajectories and estimates (xarray Datasets), the main posterior and step 2's chains (DataTrees,
+    the latter possibly None)."""
+
+    system: Any
+    trajectories: Any
+    estimates: Any
+    posterior: Any
+    gradient_matching: Any
 
 _COLORS = {"truth": "black", "sampled": "tab:orange", "refined": "tab:blue", "posterior": "tab:green"}
 BAND = 0.94  # central probability of the posterior bands
@@ -24,7 +33,7 @@ def _band(post, name: str):
     return da[tdim].values, q[0], q[1]
 
 
-def plot_states(result: FitResult, *, figsize_per_state=(4.0, 3.0)):
+def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
     """One panel per state: the ground truth (if known), the observations, the trajectories
     integrated from the sampled, refined and posterior-mean parameters, the 94 % band of the
     main posterior (every state, latent ones included) and of the gradient-matching chains."""
@@ -59,7 +68,7 @@ def plot_states(result: FitResult, *, figsize_per_state=(4.0, 3.0)):
     return fig
 
 
-def plot_parameters(result: FitResult):
+def plot_parameters(result: Fitted):
     """Each parameter relative to the truth (or to the refined value): the main posterior and
     the gradient-matching chains (violins), the sampled and posterior means, and the refined
     estimate with +-2 standard errors."""

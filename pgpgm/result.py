@@ -18,10 +18,10 @@ import xarray as xr
 
 from .errors import ODESolveError, ResultFileError
 from .ode.system import ODESystem
-from .refinement import AtBound, Refinement
-from .solve import Integrator, Solver
 from .plots import plot_parameters, plot_states
 from .posterior.diagnostics import problems
+from .refinement import AtBound, Refinement
+from .solve import Integrator, Solver
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class FitResult:
             table.insert(0, "true", e["truth"].values)
         if "posterior" in e["estimate"].values:
             post = self.posterior.posterior
-            stat = lambda p, f: fixed[p] if p in fixed else float(f(post[p]))  # noqa: E731
+            stat = lambda p, f: fixed[p] if p in fixed else float(f(post[p]))
             table["posterior_mean"] = [stat(p, lambda v: v.mean()) for p in params]
             table["posterior_sd"] = [0.0 if p in fixed else float(post[p].std()) for p in params]
             table["hdi_3%"] = [stat(p, lambda v: v.quantile(0.03)) for p in params]

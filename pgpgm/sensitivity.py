@@ -8,8 +8,8 @@ import numpy as np
 import xarray as xr
 from scipy.integrate import trapezoid
 
-from .solve import Integrator, Solver, default_solver
 from .ode.system import ODESystem
+from .solve import Integrator, Solver, default_solver
 
 
 def sensitivity_index(

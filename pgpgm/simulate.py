@@ -11,8 +11,8 @@ import xarray as xr
 from .checks import as_float_array, check_times
 from .errors import DataError
 from .logscale import NOISE_MODELS, per_state
-from .solve import Integrator, Solver
 from .ode.system import ODESystem
+from .solve import Integrator, Solver
 
 
 def simulate(

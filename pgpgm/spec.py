@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelDefinitionError
-from .priors import DEFAULT_BOUNDS
 from .ode.system import ODESystem
+from .priors import DEFAULT_BOUNDS
 from .simulate import simulate
 
 

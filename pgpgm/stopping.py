@@ -51,10 +51,10 @@ from typing import ClassVar
 import numpy as np
 from scipy.stats import qmc
 
-from .refinement.bounds import bound_report
+from .errors import DataError
 from .matching.density import GradientMatchingDensity
 from .matching.stop import Checkpoint, Decision
-from .errors import DataError
+from .refinement.bounds import bound_report
 from .refinement.least_squares import LeastSquaresProblem, refine
 from .solve import Integrator
 
@@ -187,7 +187,7 @@ class RefinedAgreement:
         chains_best = self._judge(problems[i_best], refs[i_best])
         box = ((previous.box_nll, previous.box_q, np.asarray(previous.box_fit_ratio), previous.box_starts)
                if previous is not None else (np.inf, (), np.array([]), 0))
-        judged = lambda b: (b[0], b[1], b[2], self._poor(b[2]))  # noqa: E731
+        judged = lambda b: (b[0], b[1], b[2], self._poor(b[2]))
         P = self.density.system.n_parameters
         best_now = chains_best if chains_best[0] <= box[0] else judged(box)
         if (best_now[3] or self._at_bound(best_now[1][:P])) and self.box_starts > 0:

@@ -14,23 +14,87 @@ import pgpgm
 ROOT = Path(pgpgm.__file__).parent
 
 
-def _graph() -> dict[str, set[str]]:
-    """Module-level relative imports of every pgpgm module (``from . import sub`` counts the
-    submodule, not the package; imports inside functions are deferred and not counted)."""
+#: The layers, lowest first: a module imports only from its own layer's package or from lower layers.
+LAYERS = (
+    ("pgpgm.errors",),  # the exceptions and warnings
+    ("pgpgm.checks", "pgpgm.progress", "pgpgm.processes"),  # input checks, utilities
+    ("pgpgm.codegen",),  # code generation that knows nothing of ODEs
+    ("pgpgm.ode",),  # the model: equations, their kernels
+    ("pgpgm.solve",),  # ODE solvers, the PyTensor Op
+    ("pgpgm.data", "pgpgm.priors", "pgpgm.noise"),  # measurements, priors, noise models
+    ("pgpgm.gp",),  # step 1
+    ("pgpgm.matching",),  # step 2
+    ("pgpgm.refinement",),  # step 3
+    ("pgpgm.posterior",),  # step 4
+    ("pgpgm.stopping",),  # step 2's default stop rule, which runs step 3's refinement
+    ("pgpgm.plots", "pgpgm.sensitivity"),
+    ("pgpgm.result",),
+    ("pgpgm.logscale",),  # lognormal and log-transformed states: the problem on the log scale and back
+    ("pgpgm.simulate",),
+    ("pgpgm.spec", "pgpgm.datasets"),
+    ("pgpgm.pipeline",),  # fit
+    ("pgpgm.batch", "pgpgm.versions"),
+    ("pgpgm",),  # the package's public API, loaded on first use
+    ("pgpgm.cli",),  # the command line, on the public API
+)
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, the layer's package or module that holds ``module``)."""
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if module == n or (n != "pgpgm" and module.startswith(n + ".")):
+                return i, n
+    raise AssertionError(f"{module} is in no layer of tests/test_layout.py: add it to LAYERS")
+
+
+def _modules() -> dict[str, Path]:
     mods = {}
     for p in ROOT.rglob("*.py"):
         name = ".".join(p.relative_to(ROOT.parent).with_suffix("").parts)
         mods[name.removesuffix(".__init__")] = p
-    graph = {m: set() for m in mods}
+    return mods
+
+
+def _imports() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every import of a pgpgm module by a pgpgm module: (importer, imported module, names, where), where
+    is ``"module"`` (at module level), ``"typing"`` (under ``if TYPE_CHECKING:``) or ``"function"``
+    (inside a function or class body: deferred). ``from . import sub`` counts the submodule."""
+    mods = _modules()
+    out = []
     for m, p in mods.items():
         pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
-        for n in ast.parse(p.read_text()).body:
-            if isinstance(n, ast.ImportFrom) and n.level:
-                parts = pkg.split(".")
-                target = ".".join(parts[: len(parts) - (n.level - 1)] + ([n.module] if n.module else []))
-                subs = [f"{target}.{a.name}" for a in n.names if f"{target}.{a.name}" in mods]
-                deps = subs if len(subs) == len(n.names) else [target, *subs]
-                graph[m].update(d for d in deps if d in mods and d != m)
+        tree = ast.parse(p.read_text())
+        top = {id(n): "module" for n in tree.body}
+        for n in tree.body:
+            if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+                top |= {id(x): "typing" for x in ast.walk(n)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] == "pgpgm"):
+                if n.level:
+                    parts = pkg.split(".")
+                    target = ".".join(parts[: len(parts) - (n.level - 1)] + ([n.module] if n.module else []))
+                else:
+                    target = n.module
+                names = tuple(a.name for a in n.names)
+                subs = [f"{target}.{a}" for a in names if f"{target}.{a}" in mods]
+                where = top.get(id(n), "function")
+                for t in (subs if len(subs) == len(names) else [target, *subs]):
+                    if t in mods and t != m:
+                        out.append((m, t, names, where))
+            elif isinstance(n, ast.Import):
+                for a in n.names:
+                    if a.name.split(".")[0] == "pgpgm" and a.name in mods and a.name != m:
+                        out.append((m, a.name, (), top.get(id(n), "function")))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level imports between pgpgm modules (importer -> imported)."""
+    graph = {m: set() for m in _modules()}
+    for m, t, _, where in _imports():
+        if where == "module":
+            graph[m].add(t)
     return graph
 
 
@@ -75,13 +139,50 @@ def test_no_import_circle_between_pgpgm_modules():
     assert _cycles(graph) == []
 
 
+def test_no_pgpgm_import_inside_a_function():
+    """Every pgpgm module imports pgpgm modules at module level: no deferred import dodges a circle
+    or a layer (third-party libraries may be imported where used, to keep ``import pgpgm`` light)."""
+    deferred = [(m, t) for m, t, _, where in _imports() if where == "function"]
+    assert deferred == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    private = [(m, t, names) for m, t, names, _ in _imports() if any(n.startswith("_") for n in names)]
+    assert private == []
+
+
+def test_layers_only_look_down():
+    """Every import (type-checking ones included) goes to a lower layer or within one layer's package."""
+    up = []
+    for m, t, _, where in _imports():
+        (lm, pm), (lt, pt) = _layer(m), _layer(t)
+        if lt > lm or (lt == lm and pm != pt):
+            up.append(f"{m} -> {t} ({where})")
+    assert up == []
+
+
+def test_the_layout_checks_see_a_deferred_import_and_an_upward_one(tmp_path, monkeypatch):
+    """The checks above can fail: a module with an import inside a function and one that imports a
+    higher layer, in a copy of the package."""
+    import shutil
+
+    copy = tmp_path / "pgpgm"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "gp" / "extra.py").write_text("from ..pipeline import fit\n\n\ndef f():\n    from ..result import FitResult\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", copy)
+    found = _imports()
+    assert ("pgpgm.gp.extra", "pgpgm.result", ("FitResult",), "function") in found
+    assert ("pgpgm.gp.extra", "pgpgm.pipeline", ("fit",), "module") in found
+    assert _layer("pgpgm.gp.extra")[0] < _layer("pgpgm.pipeline")[0]
+
+
 def test_every_public_name_resolves_and_functions_keep_their_module_names():
     """The public API is loaded on first use: every name of ``pgpgm.__all__`` resolves, and
     ``pgpgm.simulate`` / ``pgpgm.refine`` stay the functions once their modules are imported."""
     import types
 
-    import pgpgm.refinement  # noqa: F401  (the package exporting the function refine)
-    import pgpgm.simulate  # noqa: F401
+    import pgpgm.refinement
+    import pgpgm.simulate
 
     assert callable(pgpgm.simulate) and pgpgm.simulate.__module__ == "pgpgm.simulate"
     assert callable(pgpgm.refine) and pgpgm.refine.__module__ == "pgpgm.refinement.least_squares"

@@ -29,12 +29,11 @@ import pymc as pm
 import pytensor.tensor as pt
 
 from ..checks import check_gamma, noise_levels
-
 from ..data import Observations, as_observations, initial_value_priors, initial_values
 from ..errors import DataError
 from ..gp import GPFit, GradientMatching, fit_gp, gradient_matching
 from ..ode.system import ODESystem
-from ..priors import PriorSpec, Priors
+from ..priors import Priors, PriorSpec
 from ..solve import Integrator, Solver
 from ..solve.op import ODEOp
 

@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -29,9 +29,9 @@ from arviz_base import from_dict
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from .density import GradientMatchingDensity
 from ..errors import DataError, PgpgmError, SamplingError
 from ..progress import compiling
+from .density import GradientMatchingDensity
 from .kernel import init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .density import SweepStatistics
 from ..errors import PgpgmError
 from .compiled import model_sweeps
+from .density import SweepStatistics
 from .target import GradientMatchingTarget
 
 

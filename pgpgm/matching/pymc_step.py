@@ -11,11 +11,11 @@ from pymc.step_methods.compound import BlockedStep, Competence
 from pymc.step_methods.state import DataClassState, dataclass_state
 from pymc.util import get_random_generator, get_value_vars_from_user_vars
 
-from .density import GradientMatchingDensity
 from ..errors import PgpgmError
 from . import adapt, kernel
-from .schemes import initial_params
+from .density import GradientMatchingDensity
 from .kernel import ChainState, StepParams
+from .schemes import initial_params
 from .target import GradientMatchingTarget
 
 

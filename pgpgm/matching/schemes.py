@@ -26,7 +26,14 @@ import numpy as np
 
 from ..errors import DataError
 from . import adapt
-from .block import BlockInfo, BlockParams, Coordinates, block_step, block_vector, settle_states
+from .block import (
+    BlockInfo,
+    BlockParams,
+    Coordinates,
+    block_step,
+    block_vector,
+    settle_states,
+)
 from .kernel import ChainState, StepInfo, StepParams, anchor, refresh, step
 from .target import GradientMatchingTarget
 

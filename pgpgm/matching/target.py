@@ -37,10 +37,16 @@ from pytensor.graph.traversal import ancestors
 from pytensor.link.numba.linker import NumbaLinker
 from threadpoolctl import threadpool_limits
 
-from .density import GradientMatchingDensity, ParameterStructure, SweepStatistics, state_quadratic, state_terms
 from ..errors import ODESolveError, PgpgmError
 from ..solve.numba_op import compiles, track_solves
 from ..solve.op import ODEOp
+from .density import (
+    GradientMatchingDensity,
+    ParameterStructure,
+    SweepStatistics,
+    state_quadratic,
+    state_terms,
+)
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,7 @@ class ParameterPart:
 
     def compile(self) -> ParameterPart:
         """Compile everything now (the function, the initial point, the bounds); returns self."""
-        self.solve_ops, self.initial_point, self.lower  # noqa: B018
+        self.solve_ops, self.initial_point, self.lower
         return self
 
 

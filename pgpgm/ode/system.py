@@ -20,11 +20,17 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from .kernels import ModelKernels, compile_kernels
-from .breakpoints import TimeSwitch, breakpoints_between, find_time_switches
-from .parse import ALLOWED_CONSTANTS, ALLOWED_FUNCTIONS, check_expression, format_expression, parse_expression
 from ..checks import as_float_array
 from ..errors import DataError, ModelDefinitionError
+from .breakpoints import TimeSwitch, breakpoints_between, find_time_switches
+from .kernels import ModelKernels, compile_kernels
+from .parse import (
+    ALLOWED_CONSTANTS,
+    ALLOWED_FUNCTIONS,
+    check_expression,
+    format_expression,
+    parse_expression,
+)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"t"} | set(ALLOWED_FUNCTIONS) | set(ALLOWED_CONSTANTS)
@@ -248,7 +254,7 @@ class ODESystem:
         """The sympy symbols of the equations: (time, the states (S,), the parameters (P,))."""
         free = set().union(*(e.free_symbols for e in self.expressions))
         by_name = {s.name: s for s in free}
-        get = lambda n: by_name.get(n, sp.Symbol(n, real=True))  # noqa: E731
+        get = lambda n: by_name.get(n, sp.Symbol(n, real=True))
         return get("t"), tuple(map(get, self.states)), tuple(map(get, self.parameters))
 
     @cached_property

@@ -2,7 +2,14 @@
 budget, the Laplace approximation) and ``diagnostics`` (R-hat, ESS, divergences, modes)."""
 
 from .diagnostics import diagnose, find_modes, problems, warn_if_unconverged
-from .nuts import NUTSRun, PosteriorBudget, build_ode_model, laplace_posterior, run_nuts, sample_posterior
+from .nuts import (
+           NUTSRun,
+           PosteriorBudget,
+           build_ode_model,
+           laplace_posterior,
+           run_nuts,
+           sample_posterior,
+)
 
 __all__ = ["NUTSRun", "PosteriorBudget", "build_ode_model", "diagnose", "find_modes", "laplace_posterior", "problems",
            "run_nuts", "sample_posterior", "warn_if_unconverged"]

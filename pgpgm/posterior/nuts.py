@@ -18,7 +18,6 @@ matrix), chains in parallel processes.
 from __future__ import annotations
 
 import inspect
-
 import json
 import time
 import warnings
@@ -29,16 +28,28 @@ from typing import Any
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt, QuadPotentialFull, QuadPotentialFullAdapt
+from pymc.step_methods.hmc.quadpotential import (
+    QuadPotentialDiagAdapt,
+    QuadPotentialFull,
+    QuadPotentialFullAdapt,
+)
 
 from ..data import Observations, as_observations, initial_value_priors, initial_values
-from .diagnostics import ESS_MIN, Mode, diagnose, find_modes, modes_note, problems, warn_if_unconverged
 from ..errors import DataError, ODESolveError
 from ..ode.system import ODESystem
-from ..priors import PriorSpec, Priors
+from ..priors import Priors, PriorSpec
 from ..processes import sample_in_processes
 from ..solve import Integrator, Solver
 from ..solve.op import ODEOp
+from .diagnostics import (
+    ESS_MIN,
+    Mode,
+    diagnose,
+    find_modes,
+    modes_note,
+    problems,
+    warn_if_unconverged,
+)
 
 #: sd of log sigma in the noise prior (a factor e^2 ~ 7 per sd around the GP estimate)
 NOISE_PRIOR_LOG_SD = 2.0

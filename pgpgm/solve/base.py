@@ -13,8 +13,8 @@ integrates piecewise: it stops exactly at each such time inside the span and res
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np

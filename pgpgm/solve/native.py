@@ -61,7 +61,7 @@ def link_sundials() -> bool:
     when no usable SUNDIALS was found (:func:`pgpgm.solve.sundials.status` says why)."""
     if sundials.library() is None:
         return False
-    for handle in sundials._load()[2]:
+    for handle in sundials.load()[2]:
         llvm.load_library_permanently(handle._name)
     return True
 

@@ -112,7 +112,10 @@ def _register_numba() -> None:
     import warnings
 
     try:
-        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, register_funcify_and_cache_key
+        from pytensor.link.numba.dispatch.basic import (
+            generate_fallback_impl,
+            register_funcify_and_cache_key,
+        )
     except ImportError:  # other PyTensor layouts: the default fallback (with its warning) applies
         return
 

@@ -27,7 +27,7 @@ class SksundaeCVODE(Solver):
     @classmethod
     def available(cls) -> bool:
         try:
-            import sksundae  # noqa: F401
+            import sksundae
         except ImportError:
             return False
         return True

@@ -163,7 +163,7 @@ def _bind(handles: list[ctypes.CDLL]) -> dict:
 
 
 @cache
-def _load() -> tuple[SundialsStatus, dict | None, tuple[ctypes.CDLL, ...]]:
+def load() -> tuple[SundialsStatus, dict | None, tuple[ctypes.CDLL, ...]]:
     """Search, load, check the version and bind: the status, the bound functions and the
     loaded libraries (kept referenced here)."""
     dirs = _candidate_dirs()
@@ -206,7 +206,7 @@ def _load() -> tuple[SundialsStatus, dict | None, tuple[ctypes.CDLL, ...]]:
 
 def status() -> SundialsStatus:
     """Where the SUNDIALS libraries are, their version, or why none are usable (cached)."""
-    return _load()[0]
+    return load()[0]
 
 
 @cache
@@ -216,7 +216,7 @@ def library() -> SimpleNamespace | None:
     The namespace holds the bound functions (``lib.CVodeInit`` ...), ``directory``,
     and ``version``.
     """
-    st, funcs, _ = _load()
+    st, funcs, _ = load()
     if funcs is None:
         return None
     return SimpleNamespace(directory=st.directory, version=st.version, **funcs)
@@ -225,7 +225,7 @@ def library() -> SimpleNamespace | None:
 def _clear_caches() -> None:
     """Forget what was found, so that the next call searches again (for tests)."""
     library.cache_clear()
-    _load.cache_clear()
+    load.cache_clear()
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
