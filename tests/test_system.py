@@ -111,8 +111,8 @@ def test_pytensor_rhs_matches_numeric(all_models):
 
 def test_models_load_by_name_and_match_method():
     assert pgpgm.available_models() == ["fitzhugh-nagumo", "goodwin", "lotka-volterra", "michaelis-menten",
-                                        "pk-infusion", "protein-transduction", "repressilator",
-                                        "rosenzweig-macarthur", "seir"]
+                                        "pk-infusion", "pk-oral", "protein-transduction", "repressilator",
+                                        "rosenzweig-macarthur", "seir", "sir"]
     lv = pgpgm.load_model("lotka-volterra")
     c = lv.case("x1-observed")
     assert c.observed == ("x1",) and c.gamma == 0.3 and c.kernel == "rbf" and c.noise_sd == 0.1
