@@ -47,6 +47,22 @@ def _count(minimum: int):
     return parse
 
 
+def _budget(text: str) -> tuple[float | None]:
+    """``--posterior-budget``: seconds > 0, or ``none`` (no limit), as a 1-tuple (None: not given)."""
+    if text.strip().lower() == "none":
+        return (None,)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of seconds nor 'none'") from None
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds, or 'none'")
+    return (value,)
+
+
+_budget.__name__ = "seconds or 'none'"
+
+
 def _real(*, positive: bool = False):
     def parse(text: str) -> float:
         try:
@@ -100,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
         q.add_argument("--posterior-rounds", type=_count(1), default=None,
                        help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.nuts.MAX_ROUNDS)")
+        q.add_argument("--posterior-budget", type=_budget, default=None, metavar="SECONDS",
+                       help="step 4's budget in seconds for all NUTS rounds, or 'none' for no limit (default: "
+                       "pgpgm.PosteriorBudget(), 60 s and 300000 gradient evaluations); once spent, the fit returns "
+                       "the draws it has with a warning")
         q.add_argument("--stop", choices=("agree", "never"), default="agree",
                        help="end the gradient-matching chains once the optima refined from their means agree "
                        "(default), or never (the whole published budget)")
@@ -461,7 +481,8 @@ def _batch(a) -> int:
 def _posterior_options(a) -> dict:
     return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
             "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains,
-            "stop": a.stop, **({"posterior_rounds": a.posterior_rounds} if a.posterior_rounds else {})}  # step 2's budget, set with the other sampling options
+            "stop": a.stop, **({"posterior_rounds": a.posterior_rounds} if a.posterior_rounds else {}),
+            **({} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]})}  # step 2's budget, set with the other sampling options
 
 
 def _sensitivity(a) -> int:

@@ -204,3 +204,33 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error():
     stderr = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, stderr
     assert stderr == ""
+
+
+@pytest.mark.parametrize("given, expected", [("12.5", 12.5), ("none", None), (None, "default")])
+def test_posterior_budget_option_reaches_the_fit(files, monkeypatch, given, expected):
+    """``--posterior-budget SECONDS|none`` is passed to :func:`pgpgm.fit` (absent: fit's default)."""
+    tmp_path, _ = files
+    seen = {}
+
+    class Captured(BaseException):  # stops the command here: the arguments are what this test checks
+        pass
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise Captured
+
+    monkeypatch.setattr(pgpgm, "fit", capture)
+    extra = [] if given is None else ["--posterior-budget", given]
+    with pytest.raises(Captured):
+        main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
+    if expected == "default":
+        assert "posterior_budget" not in seen
+    else:
+        assert seen["posterior_budget"] == expected
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "soon", "inf"])
+def test_a_bad_posterior_budget_is_a_usage_error(files, no_fit, capsys, bad):
+    tmp_path, _ = files
+    assert main(_fit_args(tmp_path, str(tmp_path / "good.csv"), "--posterior-budget", bad)) == 2
+    assert "--posterior-budget" in capsys.readouterr().err
