@@ -111,8 +111,8 @@ class RefinedAgreement:
     earliest - follow the published cases: every chain's mean refined to the global optimum
     by 150 iterations on FitzHugh-Nagumo (R observed, seeds 0-2), after sitting in a local
     optimum for the first 50-100 (both chains agreeing there at 50: one check would not do;
-    checks every 25 from 25 on stopped 2 of 5 such fits in a wrong optimum). Checks at 100,
-    150, ... reached the optimum of checks at 100, 200, ... in 60 of 60 fits (the six
+    checks every 25 from 25 on stopped 2 of 5 such fits in a wrong optimum). Checks every 50
+    iterations from 100 on reached the optimum of checks every 100 in 60 of 60 fits (the six
     published cases, data and sampler seeds 0-9) at 0.8-0.9x the CPU time.
     """
 

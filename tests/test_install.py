@@ -108,9 +108,10 @@ def test_every_imported_third_party_module_is_a_declared_requirement():
 
 def test_every_extra_is_documented_and_every_documented_extra_exists():
     _, by_extra = _requirements()
-    assert set(OPTIONAL_MODULES.values()) | {"dev"} == set(by_extra)
+    assert set(OPTIONAL_MODULES.values()) | {"dev", "docs"} == set(by_extra)  # docs: the site, no module of pgpgm
     assert by_extra["tables"] == {"tabulate"} and by_extra["nutpie"] == {"nutpie"}
     assert by_extra["dask"] == {"dask"}
+    assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings"}
     assert {"pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"} <= by_extra["dev"]
 
 

@@ -29,15 +29,15 @@ from .numba_op import cache_key, numba_ode_function
 class ODEOp(Op):
     """Solve the ODE at the integrator's times inside a PyTensor graph.
 
+    ``op(theta, x0)`` takes theta (P,) and x0 (S,), the state at ``times[0]``, and returns
+    x (N, S) - or the triple (x, dx/dtheta, dx/dx0) with ``sensitivities=True``.
+
     Parameters
     ----------
     integrator : Integrator (system, output times, solver)
     sensitivities : also return dx/dtheta (N, S, P) and dx/dx0 (N, S, S)
     on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (NaN outputs, which
         :mod:`pgpgm.matching.density` turns into a -inf log density, i.e. a rejected proposal)
-
-    ``op(theta, x0)`` takes theta (P,) and x0 (S,), the state at ``times[0]``, and returns
-    x (N, S) - or the triple (x, dx/dtheta, dx/dx0) with ``sensitivities=True``.
     """
 
     __props__ = ("integrator", "sensitivities", "on_failure")
