@@ -52,7 +52,11 @@ def _noop(i: int) -> int:
 
 
 def _import_pgpgm() -> None:
-    pgpgm.fit_many  # noqa: B018  (loads pgpgm's batch layer: what a worker does for its first job)
+    """What a worker does for its first job: import pgpgm and load its batch layer (runs on the
+    workers: imports here, not the script's module-level pgpgm, which cloudpickle cannot send)."""
+    import pgpgm as loaded
+
+    loaded.fit_many  # noqa: B018
 
 
 def _jobs(n: int, draws: int, tune: int, posterior: str):

@@ -71,7 +71,8 @@ def main() -> None:
             rows.append({"case": key, "seed": b["seed"], "nll_before": round(b["nll"], 4),
                          "nll_after": round(n["nll"], 4), "after_minus_before": round(n["nll"] - b["nll"], 4),
                          "iterations_before": max(b["iterations"]), "iterations_after": max(n["iterations"]),
-                         "cpu_before": round(b["cpu"], 2), "cpu_after": round(n["cpu"], 2)})
+                         "cpu_before": round(b["cpu"], 2), "cpu_after": round(n["cpu"], 2),
+                         "bit_identical": b["nll"] == n["nll"] and b["iterations"] == n["iterations"]})
         print(key, "done", flush=True)
     summary = []
     for key in a.cases.split(","):
@@ -80,11 +81,14 @@ def main() -> None:
                         / statistics.median(r["cpu_before"] for r in rs),
                         "same_optimum": f"{sum(abs(r['after_minus_before']) <= 1e-3 for r in rs)}/{len(rs)}",
                         "better_after": sum(r["after_minus_before"] < -1e-3 for r in rs),
+                        "bit_identical": f"{sum(r['bit_identical'] for r in rs)}/{len(rs)}",
                         "iterations_changed": sum(r["iterations_before"] != r["iterations_after"] for r in rs)})
     harness.write(a.out, summary, f"Steps 1-3, this tree against {a.before}", env=env, sections={"Fit by fit": rows},
                   notes="nll: the negative log likelihood at step 3's optimum (lower is better; same optimum: within "
-                        "1e-3); iterations: step 2's, the longer chain; CPU seconds of the fit, each tree in a fresh "
-                        "process after one compiling warm-up fit.")
+                        "1e-3; bit_identical: the same NLL to the last bit and the same iterations, what a "
+                        "refactoring must keep); iterations: step 2's, the longer chain; CPU seconds of the fit, "
+                        "each tree in a fresh process after one compiling warm-up fit.")
+
 
 if __name__ == "__main__":
     main()
