@@ -30,6 +30,7 @@ machine >= 1.8x with 2 workers on fits >= 5 s (16 workers on a 16-core machine: 
 
     ./run.sh bench batch                # 32 fits, 2 workers
     ./run.sh bench batch --n 6          # a quick check
+    ./run.sh bench batch --scale 1,2    # and warm clusters of 1 and 2 workers (1,2,4,8,16 on 16 cores)
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def main(argv=None) -> int:
     ap = harness.parser(__doc__, "batch")
     ap.add_argument("--n", type=int, default=32, help="fits (seeds 0..n-1)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--scale", default=None,
+                    help="comma-separated worker counts (e.g. 1,2 here; 1,2,4,8,16 on a 16-core machine): warm "
+                         "clusters of each size on the same fits, speed-up and a fit's CPU on a worker vs in-process")
     ap.add_argument("--posterior", choices=("laplace", "nuts", "none"), default="laplace")
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--tune", type=int, default=1500)
@@ -159,21 +163,42 @@ def main(argv=None) -> int:
         same = all(np.array_equal(x, y) for x, y in zip(thetas(out / "default"), serial))
         # 2. the same on a cluster whose workers are warm (each did one warm-up fit, as the
         #    serial side did before its clock started): the steady-state throughput
-        t = time.perf_counter()
-        with _cluster_client(distributed, None, None, a.workers) as client:  # as fit_many makes its own
-            t_up_warm = time.perf_counter() - t
+
+        def warm_cluster(workers: int, folder: Path):
+            """(start-up s, warm-up s, wall s, parent CPU s, workers' CPU s, table) of fit_many on a
+            cluster as fit_many makes its own, whose ``workers`` did one short fit first."""
             t = time.perf_counter()
-            warm_jobs = [FitJob(f"warmup{w}", spec, spec.simulate(case, seed=10_000 + w), ["R"], case=case)
-                         for w in range(a.workers)]
-            pgpgm.fit_many(warm_jobs, out / "warmup", client=client, save_on_workers=True, progressbar=False,
-                           **{**opts, "draws": 50, "tune": 50})
-            t_warm_workers = time.perf_counter() - t
-            t, c, cpu_w = time.perf_counter(), time.process_time(), client.run(time.process_time)
-            steady = pgpgm.fit_many(jobs, out / "steady", client=client, save_on_workers=True, progressbar=False,
-                                    **opts)
-            t_steady, cpu_parent_steady = time.perf_counter() - t, time.process_time() - c
-            cpu_workers_steady = sum(client.run(time.process_time).values()) - sum(cpu_w.values())
-        same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "steady"), serial))
+            with _cluster_client(distributed, None, None, workers) as client:
+                t_up = time.perf_counter() - t
+                t = time.perf_counter()
+                warm_jobs = [FitJob(f"warmup{w}", spec, spec.simulate(case, seed=10_000 + w), ["R"], case=case)
+                             for w in range(workers)]
+                pgpgm.fit_many(warm_jobs, folder / "warmup", client=client, save_on_workers=True, progressbar=False,
+                               **{**opts, "draws": 50, "tune": 50})
+                t_warm = time.perf_counter() - t
+                t, c, cpu_w = time.perf_counter(), time.process_time(), client.run(time.process_time)
+                done = pgpgm.fit_many(jobs, folder / "fits", client=client, save_on_workers=True, progressbar=False,
+                                      **opts)
+                wall, cpu_parent = time.perf_counter() - t, time.process_time() - c
+                cpu_workers = sum(client.run(time.process_time).values()) - sum(cpu_w.values())
+            return t_up, t_warm, wall, cpu_parent, cpu_workers, done
+
+        t_up_warm, t_warm_workers, t_steady, cpu_parent_steady, cpu_workers_steady, steady = warm_cluster(
+            a.workers, out / "steady")
+        same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "steady" / "fits"), serial))
+        # 4. scale: warm clusters of each size in --scale (steady state), the same fits
+        scale_rows = []
+        for k in [int(w) for w in a.scale.split(",")] if a.scale else []:
+            _, _, wall, _, cpu_k, done = warm_cluster(k, out / f"scale{k}")
+            assert (done["status"] == "ok").all(), done[["name", "status", "error"]]
+            scale_rows.append({"workers": k, "wall_s": wall, "speed_up_vs_serial": t_serial / wall,
+                               "efficiency": t_serial / wall / k,
+                               "fit_cpu_per_fit_on_workers_s": float(done["cpu_seconds"].mean()),
+                               "worker_fit_cpu_over_in_process": float(done["cpu_seconds"].mean())
+                               / (serial_fit_cpu / a.n),
+                               "workers_whole_cpu_per_fit_s": cpu_k / a.n,
+                               "worker_whole_cpu_over_in_process_fit_and_save": cpu_k / cpu_serial})
+            print(scale_rows[-1], flush=True)
         # 3. no dask: the same number of fresh processes, each fitting its share one after the other
         t_indep, cpu_indep, fit_cpu_indep = independent_processes(a, out / "independent")
         same = same and all(np.array_equal(x, y) for x, y in zip(thetas(out / "independent"), serial))
@@ -251,7 +276,8 @@ def main(argv=None) -> int:
         ("estimates equal to serial (both clusters, independent processes)", same),
     ]
     harness.write(a.out, [{"quantity": k, "value": v} for k, v in rows],
-                  f"Many fits: serial vs LocalCluster, FitzHugh-Nagumo R observed, seeds 0-{a.n - 1}", env=env)
+                  f"Many fits: serial vs LocalCluster, FitzHugh-Nagumo R observed, seeds 0-{a.n - 1}", env=env,
+                  sections={"Scale: warm clusters of each size, the same fits": scale_rows} if scale_rows else None)
     return 0
 
 

@@ -148,3 +148,20 @@ def test_every_benchmark_starts(script):
     out = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"], capture_output=True, text=True,
                          timeout=120, cwd=BENCH.parent)
     assert out.returncode == 0 and "usage" in out.stdout, out.stderr[-2000:]
+
+
+def test_side_by_side_interleaves_and_reports_ratios_to_the_first():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(BENCH))
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
+    res = harness.side_by_side(fns, rounds=3, warmup=1)
+    # warm-up a, b, c; then rounds in rotated order: abc, bca, cab
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    assert {k: len(v) for k, v in res.seconds.items()} == {"a": 3, "b": 3, "c": 3}
+    assert res.baseline == "a" and res.ratio("a") == 1.0
+    assert res.ratio("b") == pytest.approx(res.median("b") / res.median("a"))
+    assert [r["side"] for r in res.rows()] == ["a", "b", "c"]
