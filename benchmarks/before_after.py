@@ -1,29 +1,29 @@
-"""Steps 1-3 of the default fit on the published cases, this tree against another pgpgm tree,
-fit by fit: the negative log likelihood at step 3's optimum, step 2's iterations per chain and the CPU
-seconds, each tree in its own fresh process, the trees alternated case by case (side by side).
+"""Same numbers, no slower: steps 1-3 of the default fit on the published cases, this tree against
+an older commit, fit by fit: the negative log likelihood at step 3's optimum, step 2's iterations
+per chain and the CPU seconds, each tree in its own fresh process, the trees alternated case by
+case (side by side). The tool of a refactoring (issue 32: "same seeds, same numbers, no benchmark
+slower") and of a change that should find the same optima (or better ones) at no more cost.
 
-For a change that should find the same optima (or better ones) at no more cost: ``--before SRC``
-is a folder holding the other ``pgpgm`` package (e.g. ``git worktree add /tmp/before HEAD``).
+``--before REF``: a git commit (its ``pgpgm/`` is unpacked into a temporary folder) or a folder
+holding the other ``pgpgm`` package. Target (issue 29): steps 1-3 median CPU time <= 1.5x of the
+baseline's on every published case, the same optimum.
 
-    python benchmarks/before_after.py --before /tmp/before [--cases lv-x2,fhn-V] [--seeds 5]
+    ./run.sh bench before_after --before 381d5bf [--cases lv-x2,fhn-V|all] [--seeds 5]
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import write  # noqa: E402
-from stop_rule import CASES as STOP_RULE_CASES  # noqa: E402
-from stop_rule import DEFAULT_CASES  # noqa: E402
+import harness
 
-CASES = {**STOP_RULE_CASES, "goodwin": ("goodwin", "X-Z-observed")}
+CASES = {**harness.PUBLISHED, "goodwin": ("goodwin", "X-Z-observed")}
+DEFAULT_CASES = "lv-x1,lv-x2,fhn-V,fhn-R,pt-R,pt-SR"
 
 CHILD = r"""
 import json, sys, time, warnings
@@ -56,28 +56,38 @@ def run(src: Path, name: str, case_name: str, seeds: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--before", type=Path, required=True, help="a folder holding the pgpgm package to compare with")
+    ap = harness.parser(__doc__, "before_after")
+    ap.add_argument("--before", required=True, help="a git commit, or a folder holding the pgpgm package")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {sorted(CASES)}")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--out", default="before_after")
     a = ap.parse_args()
-    here = Path(__file__).resolve().parent.parent
-    load0 = os.getloadavg()[0]
+    env = harness.environment()
+    before_src, here = harness.source_tree(a.before), harness.ROOT
     rows = []
     for key in a.cases.split(","):
         name, case_name = CASES[key]
-        before, after = run(a.before, name, case_name, a.seeds), run(here, name, case_name, a.seeds)
+        before, after = run(before_src, name, case_name, a.seeds), run(here, name, case_name, a.seeds)
         for b, n in zip(before, after):
             rows.append({"case": key, "seed": b["seed"], "nll_before": round(b["nll"], 4),
                          "nll_after": round(n["nll"], 4), "after_minus_before": round(n["nll"] - b["nll"], 4),
                          "iterations_before": max(b["iterations"]), "iterations_after": max(n["iterations"]),
-                         "cpu_before": round(b["cpu"], 2), "cpu_after": round(n["cpu"], 2)})
+                         "cpu_before": round(b["cpu"], 2), "cpu_after": round(n["cpu"], 2),
+                         "bit_identical": b["nll"] == n["nll"] and b["iterations"] == n["iterations"]})
         print(key, "done", flush=True)
-    write(a.out, rows, f"## Steps 1-3, this tree against {a.before}\n\n`python benchmarks/before_after.py --before "
-          f"{a.before} --cases {a.cases} --seeds {a.seeds}`, {datetime.date.today().isoformat()}, load average "
-          f"{load0:.2f} before, {os.getloadavg()[0]:.2f} after; nll: the negative log likelihood at step 3's "
-          "optimum (lower is better); iterations: step 2's, the longer chain; CPU seconds of the fit")
+    summary = []
+    for key in a.cases.split(","):
+        rs = [r for r in rows if r["case"] == key]
+        summary.append({"case": key, "cpu_after_over_before_median": statistics.median(r["cpu_after"] for r in rs)
+                        / statistics.median(r["cpu_before"] for r in rs),
+                        "same_optimum": f"{sum(abs(r['after_minus_before']) <= 1e-3 for r in rs)}/{len(rs)}",
+                        "better_after": sum(r["after_minus_before"] < -1e-3 for r in rs),
+                        "bit_identical": f"{sum(r['bit_identical'] for r in rs)}/{len(rs)}",
+                        "iterations_changed": sum(r["iterations_before"] != r["iterations_after"] for r in rs)})
+    harness.write(a.out, summary, f"Steps 1-3, this tree against {a.before}", env=env, sections={"Fit by fit": rows},
+                  notes="nll: the negative log likelihood at step 3's optimum (lower is better; same optimum: within "
+                        "1e-3; bit_identical: the same NLL to the last bit and the same iterations, what a "
+                        "refactoring must keep); iterations: step 2's, the longer chain; CPU seconds of the fit, "
+                        "each tree in a fresh process after one compiling warm-up fit.")
 
 
 if __name__ == "__main__":

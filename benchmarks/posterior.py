@@ -1,72 +1,127 @@
-"""The default fit (steps 1-4: pgpgm finds the basin, NUTS explores it) against NUTS on the same
-ODE model started from prior draws (the usual Bayesian route), side by side in one run on
-FitzHugh-Nagumo, R observed: wall time, min bulk ESS per second, and how many chains end in the
-global mode (cost at the chain's mean within 1 % of the best refined cost).
+"""Step 4, the posterior: PyMC's NUTS (pgpgm's default: seeded dense mass matrix, rounds) against
+nutpie (numba-compiled, its own adaptation) on the same step-4 model of a published case (data
+seed 0), started where the default fit's steps 1-3 put it, side by side in one process.
 
-    ./run.sh bench posterior [--seeds 3]
+For each engine: wall seconds of sampling, gradient evaluations (leapfrog steps, tuning
+included), wall seconds per gradient evaluation against one compiled log density + gradient at the
+centre (the per-gradient overhead; target, issue 30: within 1.5x), R-hat, ESS, divergences. The
+step-4 inputs (model, centre, spreads, options) are those of a real ``pgpgm.fit``, captured at its
+call of ``sample_posterior`` (:func:`harness.private`). Step 4's budget and convergence over every
+published case: ``paper.py``.
+
+    ./run.sh bench posterior [--cases fhn-R,lv-x1] [--draws 500] [--tune 500] [--no-nutpie]
 """
 
-import argparse
+from __future__ import annotations
+
+import json
+import os
 import time
 import warnings
 
 import numpy as np
-import pymc as pm
 
+import harness
 import pgpgm
-from _common import write
-from pgpgm.data import as_observations
-from pgpgm.diagnostics import diagnose
-from pgpgm.posterior import build_ode_model
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--seeds", type=int, default=3)
-args = ap.parse_args()
-warnings.simplefilter("ignore")
-spec = pgpgm.load_model("fitzhugh-nagumo")
-case = spec.case("R-observed")
-system = spec.system
-rows = []
-for seed in range(args.seeds):
-    data = spec.simulate("R-observed", seed=seed)
-    obs = as_observations(data, case.observed, system)
-    t0 = time.perf_counter()
-    r = pgpgm.fit(system, data, case.observed, kernel=case.kernel, gamma=case.gamma, priors=spec.priors("R-observed"),
-                  draws=2000, tune=1500, seed=seed, progressbar=False)
-    fit_s = time.perf_counter() - t0
-    # the reference: the least-squares cost with the noise sd the fit used, the refined optimum as the global one
-    problem = pgpgm.LeastSquaresProblem(pgpgm.Integrator(system, case.times), obs.values, [1],
-                                        r.trajectories["noise_sd"].values, case.x0, free_x0=[1])
-    best = r.estimates.attrs["refinement_cost"]
 
-    def in_mode(post, c):
-        q = [float(post[p].sel(chain=c).mean()) for p in system.parameters] + [float(post["R_0"].sel(chain=c).mean())]
-        return problem.cost(q) <= 1.01 * best
+class _Captured(Exception):
+    pass
 
-    d = r.diagnostics.sel(sampler="posterior")
-    post = r.posterior.posterior
-    rows.append({"seed": seed, "method": "pgpgm.fit (steps 1-4)", "seconds": fit_s,
-                 "max_rhat": float(d["rhat"].max()), "min_ess_bulk": float(d["ess_bulk"].min()),
-                 "min_ess_per_s": float(d["ess_bulk"].min()) / fit_s,
-                 "chains_in_global_mode": f"{sum(in_mode(post, c) for c in post.chain.values)}/{post.sizes['chain']}"})
-    print(rows[-1], flush=True)
-    model, layout = build_ode_model(system, obs, x0=case.x0, priors=spec.priors("R-observed"),
-                                    noise_center=r.trajectories["noise_sd"].values)
-    rng = np.random.default_rng(seed)
-    inits = []
-    for _ in range(4):
-        draw = pm.draw([model[n] for n in layout.free], random_seed=rng)
-        inits.append({n: np.asarray(v) for n, v in zip(layout.free, draw)})
-    t0 = time.perf_counter()
-    tree = pm.sample(draws=500, tune=500, chains=4, cores=2, initvals=inits, random_seed=seed, model=model,
-                     nuts_sampler="pymc",
-                     progressbar=False, compute_convergence_checks=False)
-    nuts_s = time.perf_counter() - t0
-    dn = diagnose(tree, layout.free)
-    post = tree.posterior
-    rows.append({"seed": seed, "method": "NUTS from prior draws (4 x 500+500)", "seconds": nuts_s,
-                 "max_rhat": float(dn["rhat"].max()), "min_ess_bulk": float(dn["ess_bulk"].min()),
-                 "min_ess_per_s": float(dn["ess_bulk"].min()) / nuts_s,
-                 "chains_in_global_mode": f"{sum(in_mode(post, c) for c in post.chain.values)}/{post.sizes['chain']}"})
-    print(rows[-1], flush=True)
-write("posterior", rows, "## FitzHugh-Nagumo R observed: default fit vs NUTS from prior draws, side by side")
+
+def step4_inputs(key: str) -> dict:
+    """(model, center, sd, keyword arguments) of the default fit's step 4 on a published case."""
+    case = harness.published(key, posterior="nuts")
+    got = {}
+    module = harness.private("pgpgm.pipeline")
+    real = module.sample_posterior
+
+    def capture(model, center, sd, **kw):
+        got.update(model=model, center=center, sd=sd, kw=kw)
+        raise _Captured
+
+    module.sample_posterior = capture
+    try:
+        case.fit()
+    except _Captured:
+        pass
+    finally:
+        module.sample_posterior = real
+    return got
+
+
+def gradient_cost(model, center) -> float:
+    """Median seconds of one compiled log density + gradient at ``center``."""
+    fn = model.logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    point = harness.private("pgpgm.posterior", "ValueSpace")(model).point(center)
+    x = np.concatenate([np.ravel(point[v.name]) for v in model.value_vars])
+    return harness.median_time(lambda: fn(x), repeat=200, warmup=5)
+
+
+def run_pymc(inp: dict, draws: int, tune: int, max_rounds: int):
+    kw = {**inp["kw"], "draws": draws, "tune": tune, "max_rounds": max_rounds, "budget": None, "warn": False,
+          "progressbar": False}
+    t = time.perf_counter()
+    tree = pgpgm.sample_posterior(inp["model"], inp["center"], inp["sd"], **kw)
+    wall = time.perf_counter() - t
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    return tree, wall, spent["used_gradient_evaluations"], float("nan")
+
+
+def run_nutpie(inp: dict, draws: int, tune: int):
+    import nutpie
+
+    model, names = inp["model"], {rv.name for rv in inp["model"].free_RVs}
+    start = {n: np.asarray(v, float) for n, v in inp["center"].items() if n in names}
+    t = time.perf_counter()
+    compiled = nutpie.compile_pymc_model(model, backend="numba", initial_points=start)
+    compile_s = time.perf_counter() - t
+    chains, cores = inp["kw"]["chains"], inp["kw"]["cores"] or os.cpu_count() or 1
+    t = time.perf_counter()
+    tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=min(chains, cores), seed=0,
+                         save_warmup=True, progress_bar=False, target_accept=0.9)
+    wall = time.perf_counter() - t
+    grads = int(tree["warmup_sample_stats"]["n_steps"].sum()) + int(tree["sample_stats"]["n_steps"].sum())
+    return tree, wall, grads, compile_s
+
+
+def main() -> None:
+    ap = harness.parser(__doc__, "posterior")
+    ap.add_argument("--cases", default="fhn-R,lv-x1", help="comma-separated case keys")
+    ap.add_argument("--draws", type=int, default=500)
+    ap.add_argument("--tune", type=int, default=500)
+    ap.add_argument("--no-nutpie", action="store_true", help="PyMC's NUTS only")
+    a = ap.parse_args()
+    env = harness.environment()
+    diagnose, problems = harness.private("pgpgm.diagnostics", "diagnose"), harness.private("pgpgm.diagnostics",
+                                                                                            "problems")
+    warnings.simplefilter("ignore")
+    rows = []
+    for key in harness.case_keys(a.cases):
+        inp = step4_inputs(key)
+        free = [rv.name for rv in inp["model"].free_RVs]
+        g = gradient_cost(inp["model"], inp["center"])
+        runs = [("pymc, 1 round", *run_pymc(inp, a.draws, a.tune, 1))]
+        if problems(diagnose(runs[0][1], free)):  # further rounds (no budget), as the default would run them
+            runs.append(("pymc, rounds", *run_pymc(inp, a.draws, a.tune, 6)))
+        if not a.no_nutpie:
+            runs.append(("nutpie", *run_nutpie(inp, a.draws, a.tune)))
+        for name, tree, wall, grads, compile_s in runs:
+            d = diagnose(tree, free)
+            rows.append({"case": key, "engine": name, "wall_s": wall,
+                         "compile_s": compile_s if np.isfinite(compile_s) else "(in wall)",
+                         "gradient_evaluations": grads, "ms_per_gradient": 1e3 * wall / max(grads, 1),
+                         "gradient_alone_ms": 1e3 * g, "overhead_ratio": wall / max(grads, 1) / g,
+                         "max_rhat": float(d["rhat"].max()),
+                         "min_ess": float(np.minimum(d["ess_bulk"], d["ess_tail"]).min()),
+                         "divergences": d.attrs["divergences"], "converged": not problems(d)})
+            print(rows[-1], flush=True)
+    harness.write(a.out, rows, f"Step 4 engines side by side: PyMC NUTS (pgpgm's rounds) vs nutpie, {a.tune} + "
+                  f"{a.draws} per chain", env=env,
+                  notes="overhead_ratio: wall seconds per gradient evaluation / one compiled log density + gradient "
+                        "at the centre (target <= 1.5).")
+
+
+if __name__ == "__main__":
+    main()

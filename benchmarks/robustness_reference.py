@@ -20,7 +20,7 @@ observed states' initial values the first measurement +- 20 % of the state's dat
 scale for lognormal states); even starts run scipy's trf, odd ones dogbox. The ODE solves and
 forward sensitivities are pgpgm's compiled ones (:class:`pgpgm.solve.Integrator`, validated
 against analytic solutions elsewhere; under lognormal noise on the system with the observed
-states as log x, :func:`pgpgm.ode.transform.log_transform`, which the fit's refinement solves:
+states as log x, :func:`pgpgm.log_transform`, which the fit's refinement solves:
 solving x and taking the log moves the NLL by ~2e-4 where x comes close to 0); the residuals, Jacobian chain rule, profile likelihood
 and optimiser driving are this module's. The best start is then polished (tight tolerances,
 both methods) and every start within :func:`same_optimum` of the best counts as reaching it.
@@ -35,8 +35,7 @@ import numpy as np
 from scipy import optimize
 from scipy.stats import qmc
 
-from pgpgm.errors import ODESolveError
-from pgpgm.ode.transform import log_transform
+from pgpgm import ODESolveError, log_transform
 from pgpgm.solve import Integrator
 
 REL_TOL = 1e-6

@@ -203,7 +203,7 @@ HEAVY = ("pymc", "pytensor", "arviz_stats", "arviz_base", "sympy", "numba", "sci
 ])
 def test_import_and_the_cli_help_load_no_heavy_library(code):
     """``import pgpgm``, ``pgpgm --help`` and a usage error import none of PyMC, PyTensor, ArviZ,
-    SymPy, numba, SciPy, xarray, pandas or dask (~3 s together; `benchmarks/import_time.py`)."""
+    SymPy, numba, SciPy, xarray, pandas or dask (~3 s together; `benchmarks/startup.py`)."""
     probe = code + "\nimport sys, json\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))" % (
         HEAVY,)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
