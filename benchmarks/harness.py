@@ -333,13 +333,13 @@ def source_tree(ref: str) -> Path:
 #: Every non-public pgpgm name a benchmark uses (module, name): the coordinator's list of what
 #: still needs a public way. :func:`private` refuses anything not listed here.
 PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
-    ("pgpgm.pipeline", None): "posterior.py: the module whose sample_posterior it patches for one fit, to capture "
+    ("pgpgm.pipeline", None): "posterior.py: the module whose run_nuts it patches for one fit, to capture "
                               "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
                               "the fit's model",
-    ("pgpgm.posterior", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
+    ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
-    ("pgpgm.diagnostics", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
-    ("pgpgm.diagnostics", "problems"): "posterior.py: whether a trace passes step 4's checks",
+    ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
+    ("pgpgm.posterior", "problems"): "posterior.py: whether a trace passes step 4's checks",
     ("pgpgm.batch", "fit_and_save"): "batch.py: what a fit_many worker runs per job, for the serial side",
     ("pgpgm.batch", "_cluster_client"): "batch.py: the LocalCluster fit_many makes, to warm its workers",
     ("pgpgm.batch", "result_path"): "batch.py: where fit_many saves a job's result",

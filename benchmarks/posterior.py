@@ -6,7 +6,7 @@ For each engine: wall seconds of sampling, gradient evaluations (leapfrog steps,
 included), wall seconds per gradient evaluation against one compiled log density + gradient at the
 centre (the per-gradient overhead; target, issue 30: within 1.5x), R-hat, ESS, divergences. The
 step-4 inputs (model, centre, spreads, options) are those of a real ``pgpgm.fit``, captured at its
-call of ``sample_posterior`` (:func:`harness.private`). Step 4's budget and convergence over every
+call of ``run_nuts`` (:func:`harness.private`). Step 4's budget and convergence over every
 published case: ``paper.py``.
 
     ./run.sh bench posterior [--cases fhn-R,lv-x1] [--draws 500] [--tune 500] [--no-nutpie]
@@ -34,19 +34,19 @@ def step4_inputs(key: str) -> dict:
     case = harness.published(key, posterior="nuts")
     got = {}
     module = harness.private("pgpgm.pipeline")
-    real = module.sample_posterior
+    real = module.run_nuts
 
     def capture(model, center, sd, **kw):
         got.update(model=model, center=center, sd=sd, kw=kw)
         raise _Captured
 
-    module.sample_posterior = capture
+    module.run_nuts = capture
     try:
         case.fit()
     except _Captured:
         pass
     finally:
-        module.sample_posterior = real
+        module.run_nuts = real
     return got
 
 
@@ -54,7 +54,7 @@ def gradient_cost(model, center) -> float:
     """Median seconds of one compiled log density + gradient at ``center``."""
     fn = model.logp_dlogp_function(ravel_inputs=True)
     fn.set_extra_values({})
-    point = harness.private("pgpgm.posterior", "ValueSpace")(model).point(center)
+    point = harness.private("pgpgm.posterior.nuts", "ValueSpace")(model).point(center)
     x = np.concatenate([np.ravel(point[v.name]) for v in model.value_vars])
     return harness.median_time(lambda: fn(x), repeat=200, warmup=5)
 
@@ -94,8 +94,7 @@ def main() -> None:
     ap.add_argument("--no-nutpie", action="store_true", help="PyMC's NUTS only")
     a = ap.parse_args()
     env = harness.environment()
-    diagnose, problems = harness.private("pgpgm.diagnostics", "diagnose"), harness.private("pgpgm.diagnostics",
-                                                                                            "problems")
+    diagnose, problems = harness.private("pgpgm.posterior", "diagnose"), harness.private("pgpgm.posterior", "problems")
     warnings.simplefilter("ignore")
     rows = []
     for key in harness.case_keys(a.cases):

@@ -556,7 +556,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
     the event-loop health check, the system monitor and the memory monitor every 1-2 s
     instead of every 20, 500 and 100 ms. An idle 2-worker cluster then takes 0.55 s of CPU per
     30 s instead of 4.1 s with dask's defaults (parent 0.31 instead of 1.70, each worker 0.12
-    instead of 1.2; benchmarks/cluster_idle.py): CPU that the fits need on a machine with as
+    instead of 1.2; measured by a benchmark since removed; git history): CPU that the fits need on a machine with as
     many cores as workers."""
     if client is not None:
         yield client

@@ -691,7 +691,7 @@ def _builtin() -> Mapping[str, Kernel]:
         "sigmoid": Kernel(
             # d (1 / time^2) starts at 10 / span^2, the time scale of the data: from d = 1 (the guess
             # before) fits took 1.5-2.5x the likelihood evaluations on span 10 and stopped in a worse
-            # local optimum on span 100 (benchmarks/gp_n1000.py)
+            # local optimum on span 100 (benchmarks/gp_fit.py --sizes)
             "sigmoid", (var, Hyperparameter("c", (1e-6, 1e4), 1.0),
                         Hyperparameter("d", (1e-6, 1e4), Scaled("span", 10.0, power=-2))),
             v * sp.asin((c + d * _a * _b) / sp.sqrt((c + d * _a**2 + 1) * (c + d * _b**2 + 1))),

@@ -437,7 +437,7 @@ def _least_squares(problem: LeastSquaresProblem, q: np.ndarray, lo: np.ndarray, 
     fixes active bounds, took 14-42 from the same starts. dogbox is not the first method
     because it fails on ill-conditioned problems: from prior-box starts on protein
     transduction (R latent) it reached the optimum from 68 % of starts against trf's 100 %,
-    at 30 times the cost (``benchmarks/refine_methods.py``). Solves that converge under trf
+    at 30 times the cost (a benchmark since removed; git history). Solves that converge under trf
     are unchanged; the second solve's budget is short because from random starts
     (FitzHugh-Nagumo, V observed, a quarter of the starts' solves ran out) a full one added
     41 % to the cost and a quarter 7-8 %."""
