@@ -58,13 +58,17 @@ def run(src: Path, name: str, case_name: str, seeds: int) -> list[dict]:
 def main() -> None:
     ap = harness.parser(__doc__, "before_after")
     ap.add_argument("--before", required=True, help="a git commit, or a folder holding the pgpgm package")
-    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {sorted(CASES)}")
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {sorted(CASES)}, or all")
     ap.add_argument("--seeds", type=int, default=5)
     a = ap.parse_args()
     env = harness.environment()
     before_src, here = harness.source_tree(a.before), harness.ROOT
     rows = []
-    for key in a.cases.split(","):
+    keys = list(CASES) if a.cases == "all" else a.cases.split(",")
+    unknown = sorted(set(keys) - set(CASES))
+    if unknown:
+        ap.error(f"unknown cases {unknown}; choose from {sorted(CASES)} or all")
+    for key in keys:
         name, case_name = CASES[key]
         before, after = run(before_src, name, case_name, a.seeds), run(here, name, case_name, a.seeds)
         for b, n in zip(before, after):

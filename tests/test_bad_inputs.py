@@ -212,7 +212,7 @@ FIT_CASES = [
     ("chains bool", {"chains": True}, DataError, "chains must be a whole number"),
     ("seed negative", {"seed": -1}, DataError, "seed must be >= 0"),
     ("seed float", {"seed": 0.5}, DataError, "seed must be a whole number"),
-    ("posterior unknown", {"posterior": "mcmc"}, DataError, "posterior must be 'nuts', 'laplace' or None"),
+    ("posterior unknown", {"posterior": "mcmc"}, DataError, "posterior must be 'nuts', 'laplace', None"),
     ("posterior_chains zero", {"posterior_chains": 0}, DataError, "posterior_chains must be >= 1"),
     ("posterior_rounds zero", {"posterior_rounds": 0}, DataError, "posterior_rounds must be >= 1"),
     ("nuts_sampler unknown", {"nuts_sampler": "stan"}, DataError, "nuts_sampler"),
