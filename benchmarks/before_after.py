@@ -79,7 +79,7 @@ def main() -> None:
                          "bit_identical": b["nll"] == n["nll"] and b["iterations"] == n["iterations"]})
         print(key, "done", flush=True)
     summary = []
-    for key in a.cases.split(","):
+    for key in keys:
         rs = [r for r in rows if r["case"] == key]
         summary.append({"case": key, "cpu_after_over_before_median": statistics.median(r["cpu_after"] for r in rs)
                         / statistics.median(r["cpu_before"] for r in rs),
