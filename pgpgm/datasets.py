@@ -64,7 +64,7 @@ def influenza_boarding_school() -> pd.DataFrame:
     """Influenza in an English boarding school, 1978: 763 boys, daily number confined to bed.
 
     Source: R package ``outbreaks`` (MIT), ``influenza_england_1978_school``; Anonymous (1978),
-    Influenza in a boarding school, BMJ 1:587.
+    Influenza in a boarding school, BMJ 1:578.
 
     Returns
     -------
