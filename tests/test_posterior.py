@@ -184,19 +184,19 @@ def test_prior_terms_are_float64_and_exact():
 
 
 def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
-    """fit(posterior_rounds=...) reaches sample_posterior's max_rounds; both default to MAX_ROUNDS."""
+    """fit(posterior_rounds=...) reaches run_nuts' max_rounds; both default to MAX_ROUNDS."""
     import inspect
 
     import pgpgm.pipeline
-    from pgpgm.posterior.nuts import MAX_ROUNDS, sample_posterior
+    from pgpgm.posterior.nuts import MAX_ROUNDS, run_nuts
 
     seen = []
 
     def recording(*args, **kwargs):
         seen.append(kwargs.get("max_rounds"))
-        return sample_posterior(*args, **kwargs)
+        return run_nuts(*args, **kwargs)
 
-    monkeypatch.setattr(pgpgm.pipeline, "sample_posterior", recording)
+    monkeypatch.setattr(pgpgm.pipeline, "run_nuts", recording)
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
     with warnings.catch_warnings():

@@ -180,14 +180,14 @@ def test_one_mode_is_not_split():
 def test_fit_names_each_modes_refined_optimum(monkeypatch):
     """A fit whose step-4 chains sit in the two mirror basins: its warning names both modes and the
     optimum each refines to (k = +-1.0, the same negative log likelihood: mirror optima)."""
-    real = pipeline.sample_posterior
+    real = pipeline.run_nuts
 
     def two_basins(model, center, sd, **kw):
         k = abs(center["k"])
         starts = [{**center, "k": s * k} for s in (1, -1, 1, -1)]
         return real(model, center, sd, **{**kw, "starts": starts})
 
-    monkeypatch.setattr(pipeline, "sample_posterior", two_basins)
+    monkeypatch.setattr(pipeline, "run_nuts", two_basins)
     obs = _data(MIRROR, 1.0)
     data = {"time": T, "x": obs.values[:, 0]}
     with pytest.warns(ConvergenceWarning, match="refines to k=") as rec:
