@@ -311,3 +311,47 @@ def test_missing_dask_names_the_extra(spec, datasets, tmp_path, monkeypatch):
     monkeypatch.delattr(dask, "distributed", raising=False)
     with pytest.raises(PgpgmError, match=r"pgpgm\[dask\]"):
         pgpgm.fit_many([FitJob("a", spec, datasets["seed1"])], tmp_path, progressbar=False)
+
+
+# -------------------------------------------------------------------- a cluster started by hand
+
+
+def test_scheduler_address_of_a_separately_started_scheduler_and_worker(spec, datasets, tmp_path):
+    """``fit_many(scheduler=...)`` on a scheduler and a worker started as their own processes with
+    dask's command line (``dask scheduler``, ``dask worker``), as on a real cluster: the results come
+    back to this process (no shared file system assumed) and equal a fit in this process."""
+    import os
+    import subprocess
+    import time
+
+    from pgpgm.batch import fit_and_save
+
+    dask = os.path.join(os.path.dirname(sys.executable), "dask")
+    file = tmp_path / "scheduler.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(file), "--port", "0",
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)]
+    try:
+        deadline = time.monotonic() + 120
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(file.read_text())["address"]
+        procs.append(subprocess.Popen([dask, "worker", address, "--nworkers", "1", "--nthreads", "1",
+                                       "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      env=env))
+        with distributed.Client(address, timeout=120) as c:
+            c.wait_for_workers(1, timeout=120)
+        jobs = [FitJob(n, spec, datasets[n], ["x1"], case=CASE) for n in ("seed1", "seed2")]
+        table = pgpgm.fit_many(jobs, tmp_path / "out", scheduler=address, progressbar=False, **FAST)
+        assert table["status"].tolist() == ["ok", "ok"]
+        assert fit_and_save(jobs[0], tmp_path / "serial", FAST)["status"] == "ok"
+        _same_fit(pgpgm.load_result(result_path(tmp_path / "out", "seed1")),
+                  pgpgm.load_result(result_path(tmp_path / "serial", "seed1")))
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
