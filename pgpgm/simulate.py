@@ -151,7 +151,8 @@ def simulate(
     with np.errstate(invalid="ignore", over="ignore"):
         y = np.where(lognormal, signal * np.exp(e), signal + e)
     if counts.any():  # drawn after the Gaussian ones: Gaussian and lognormal states keep their values
-        alphas = dict(zip(negbin, np.broadcast_to(as_float_array(alpha, "alpha").reshape(-1), (len(negbin),))))
+        alphas = (dict(zip(negbin, np.broadcast_to(as_float_array(alpha, "alpha").reshape(-1), (len(negbin),))))
+                  if negbin else {})
         for m, s in enumerate(observed):
             mu = np.where(measured[:, m], signal[:, m], 1.0)
             if models[s] == "poisson":

@@ -250,4 +250,4 @@ def test_simulate_lognormal_refuses_snr_and_non_positive_signals(lv):
     with pytest.raises(pgpgm.DataError, match=r"positive signal, but \['x'\]"):
         pgpgm.simulate(sine, [], [1.0, 0.0], np.linspace(0, 4, 9), observed=["x"], noise_sd=0.1, noise="lognormal")
     with pytest.raises(pgpgm.DataError, match="noise must be one of"):
-        pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, noise="poisson")
+        pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, noise="student")
