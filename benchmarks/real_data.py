@@ -95,6 +95,7 @@ for seed in range(args.seeds):
     sim, table = make_data(seed)
     t0 = time.perf_counter()
     r = pgpgm.fit(system, table, grid=sim["time"].values, x0={"Y": (0.1, 10.0)}, noise="lognormal",
+                  transform={"X": "log", "Z": "log"},  # the states on the log scale, as recorded (before issue 31)
                   priors=spec.priors(), draws=args.draws, tune=args.draws, chains=2, seed=seed, posterior=None,
                   progressbar=False)
     wall = time.perf_counter() - t0

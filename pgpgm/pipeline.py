@@ -268,10 +268,24 @@ def fit(
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
     ``result.gradient_matching.attrs["pgpgm_stopping"]`` (JSON, every check).
-    ``noise`` (``"normal"``, ``"lognormal"`` or a mapping observed state -> one of them) and
-    ``transform`` (mapping state -> ``"log"``) put states on the log scale: see :mod:`pgpgm.logscale`
-    (lognormal noise: every step on the log scale, noise sds on the log scale, ``noise_sd`` too;
-    ``"log"``: GP fit and gradient matching only). ``refine_x0`` also refines the observed
+    ``noise`` : the MEASUREMENT noise model of each observed state (:mod:`pgpgm.noise`): ``"normal"``
+    (default), ``"lognormal"`` (log y ~ N(log x, sd^2): y > 0 where measured, the state itself may be 0
+    where it is not measured, e.g. a concentration before an oral dose), ``"poisson"``, ``"negbin"``
+    (PyMC's NB(mu, alpha)), one name for every state or a mapping observed state -> a name or a
+    :mod:`pgpgm.noise` object (its parameter then known, e.g. ``pgpgm.noise.NegativeBinomial(5.0)``).
+    Steps 3 and 4 use its likelihood (step 3: the model's residuals - deviance residuals for counts -
+    with the chain-rule sensitivity Jacobian, its noise parameter estimated by maximum likelihood
+    unless given, ``refinement_nll`` its negative log likelihood; step 4: ``pm.LogNormal``,
+    ``pm.Poisson`` or ``pm.NegativeBinomial`` on the measured values, ``sigma_<state>`` /
+    ``alpha_<state>`` ~ LogNormal(log start, 2)); steps 1-2 (which only find the basin) fit the GP and
+    match gradients on the data as given, with the GP's Gaussian noise. ``noise_sd`` gives the sds
+    of normal and lognormal states (lognormal: of log y); ``result.trajectories["noise_sd"]`` holds
+    each state's noise parameter (sd; alpha for negbin; 1 for Poisson, which has none), named in its
+    ``parameter`` attribute. ``transform`` (mapping state -> ``"log"``) puts a state itself on the log
+    scale: see :mod:`pgpgm.logscale` (with normal noise: GP fit and gradient matching only; with
+    lognormal noise: every step on the log scale, the path ``noise="lognormal"`` alone took before
+    issue 31). ``x0_observed={"C": 0.0}`` holds known initial values of observed states fixed in
+    steps 3 and 4 (step 2 still samples the state's value at the first time as a start). ``refine_x0`` also refines the observed
     states' initial values (started at their posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.

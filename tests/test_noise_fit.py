@@ -201,7 +201,7 @@ def test_flu_counts_poisson_refinement_at_the_independent_optimum():
     nll, ref = _count_reference(t, y, "poisson")
     np.testing.assert_allclose(r.theta, ref, rtol=1e-4)
     at_r = _count_nll(np.log(r.theta), t, y, "poisson")  # scipy's likelihood at pgpgm's optimum
-    assert at_r <= nll + 1e-6 and r.nll == pytest.approx(at_r, abs=1e-5)
+    assert at_r <= nll + 1e-6 and r.nll == pytest.approx(at_r, abs=5e-5)  # CVODE's tolerance against DOP853's
 
 
 # ------------------------------------------------------------------ step 4's likelihoods
