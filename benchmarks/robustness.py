@@ -247,8 +247,9 @@ def fit_kwargs(fit: FitSetting) -> dict:
         x0 = dict(zip(system.states, spec.case(s.case).x0.tolist()))
         observed = observed_of(p)
         kw["x0"] = {k: (s.unknown_box if k == s.unknown else v) for k, v in x0.items() if k not in observed}
-    if p.noise == "lognormal":
-        kw["noise"] = "lognormal"
+    if p.noise == "lognormal":  # the states themselves on the log scale, as these references were computed
+        kw["noise"] = "lognormal"  # (noise="lognormal" alone is the measurement model since issue 31)
+        kw["transform"] = dict.fromkeys(observed_of(p), "log")
     return kw
 
 

@@ -141,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--fixed", nargs="+", default=[], metavar="PARAMETER=VALUE",
                    help="parameters held at known values (not estimated)")
     f.add_argument("--lognormal", nargs="+", default=[], metavar="STATE",
-                   help="observed states with multiplicative (log-normal) measurement noise: every step on the log scale")
+                   help="observed states with multiplicative (log-normal) measurement noise (the likelihood of log y; the "
+                   "state stays on its own scale and may start at 0)")
     f.add_argument("--grid", nargs=3, default=None, metavar=("START", "STOP", "N"),
                    help="the gradient-matching grid: N equally spaced times from START to STOP (they must span the "
                         "data; the observation times are added); default: the observation times")

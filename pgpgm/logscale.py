@@ -1,8 +1,16 @@
-"""Multiplicative (lognormal) noise and log-scale gradient matching in :func:`pgpgm.fit`.
+"""Measurement noise models and log-scale states in :func:`pgpgm.fit`.
 
-``fit(..., noise={"P": "lognormal"})`` says that the measurement error of P is
-multiplicative: log y = log x_P(t) + e, e ~ N(0, sd^2), i.e. y ~ LogNormal(log x_P(t), sd).
-Every step then works on the log scale of P: the system is log-transformed
+``fit(..., noise={"P": "lognormal"})`` (or ``"poisson"``, ``"negbin"``; ``"normal"`` the default)
+names the MEASUREMENT noise model of each observed state (:mod:`pgpgm.noise`): the refinement and
+step 4 use its likelihood, the state itself stays on its own scale (it may start at 0 or pass near
+0), and the GP and gradient matching (steps 1-2, which only find the basin) run on the data as
+given with the GP's Gaussian noise. :func:`measurement_noise` checks it (every measurement of a
+state against its model, before any compilation) and says which states leave the Gaussian path.
+
+``fit(..., noise={"P": "lognormal"}, transform={"P": "log"})`` puts the state P itself on the log
+scale in every step (the path of ``noise="lognormal"`` before issue 31; the likelihood is the same
+lognormal one, so the optimum is the same wherever the state stays positive):
+the system is log-transformed
 (:func:`pgpgm.ode.transform.log_transform`, state ``log_P``), the GP is fitted to log y,
 gradient matching runs on the transformed system, the refinement minimises the Gaussian
 negative log likelihood of log y (the lognormal one up to the constant sum(log y)), and
@@ -30,13 +38,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import noise as noise_models
 from .data import Observations, as_observations
 from .errors import DataError
 from .ode.system import ODESystem
 from .ode.transform import LogScale
 from .result import FitResult
 
-NOISE_MODELS = ("normal", "lognormal")
+#: the names of the noise models ``noise=...`` takes (:data:`pgpgm.noise.NOISE_MODELS`)
+NOISE_MODELS = tuple(noise_models.NOISE_MODELS)
+_NOISE_CLASSES = tuple(noise_models.NOISE_MODELS.values())
 TRANSFORMS = ("log", "none")
 
 
@@ -58,7 +69,7 @@ class Scales:
 
     Attributes
     ----------
-    noise : observed state -> "normal" or "lognormal"
+    noise : observed state -> its noise model's name
     likelihood_scale, matching_scale : LogScale of each problem
     likelihood, matching : the problems (see :class:`Problem`)
     original : the problem as given
@@ -101,7 +112,7 @@ class Scales:
         stay as fitted (log scale for lognormal states, named in the attributes).
         """
         scale, system = self.likelihood_scale, self.original.system
-        lognormal = [s for s, n in self.noise.items() if n == "lognormal"]
+        lognormal = [s for s in self.original.obs.states if s in scale.states]  # lognormal on the log scale
         y = self.original.obs.values
         jac = float(np.sum([np.nansum(np.log(y[:, m])) for m, s in enumerate(self.original.obs.states)
                             if s in lognormal]))
@@ -133,6 +144,8 @@ def per_state(value, what: str, allowed: Sequence[str], states: Sequence[str], d
     """``value`` (None, one mode for every state, or a mapping state -> mode) as a full mapping."""
     if value is None:
         return dict.fromkeys(states, default)
+    if what == "noise" and isinstance(value, _NOISE_CLASSES):
+        return dict.fromkeys(states, value)
     if isinstance(value, str):
         if value not in allowed:
             raise DataError(f"{what} must be one of {list(allowed)} or a mapping state -> one of them, got {value!r}")
@@ -153,8 +166,9 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
 
     Parameters
     ----------
-    noise : None, ``"normal"``/``"lognormal"`` for every observed state, or a mapping
-        observed state -> one of them (default ``"normal"``)
+    noise : None, a name of :data:`NOISE_MODELS` for every observed state, or a mapping
+        observed state -> one of them or a :mod:`pgpgm.noise` object (default ``"normal"``);
+        only a lognormal state with ``transform`` ``"log"`` is on the likelihood's log scale
     transform : None or a mapping state (observed or latent) -> ``"log"`` or ``"none"``
     (the other arguments, ``grid`` included, as given to :func:`pgpgm.fit`)
 
@@ -170,9 +184,10 @@ def plan_scales(system: ODESystem, data, observed, x0, noise_sd, noise, transfor
     if noise is None and transform is None:
         return None
     obs = as_observations(data, observed, system, grid=grid)
-    noise = per_state(noise, "noise", NOISE_MODELS, obs.states, "normal")
+    noise = {s: model_name(v) for s, v in per_state(noise, "noise", NOISE_MODELS, obs.states, "normal").items()}
     trans = per_state(transform, "transform", TRANSFORMS, system.states, "none")
-    lognormal = tuple(s for s in obs.states if noise[s] == "lognormal")
+    # lognormal noise puts a state on the log scale only with transform "log" (the state itself)
+    lognormal = tuple(s for s in obs.states if noise[s] == "lognormal" and trans[s] == "log")
     logs = tuple(s for s in system.states if s in lognormal or trans[s] == "log")
     if not logs:
         return None
@@ -199,3 +214,91 @@ def _problem(scale: LogScale, original: Problem, grid) -> Problem:
     data, observed = scale.data_to_log(original.data, list(original.obs.states))
     x0 = scale.x0_to_log(original.x0)
     return Problem(scale.system, data, as_observations(data, observed, scale.system, grid=grid), x0, original.noise_sd)
+
+
+def model_name(spec) -> str:
+    """The name of a noise spec: a name of :data:`NOISE_MODELS` or a :mod:`pgpgm.noise` object."""
+    return spec if isinstance(spec, str) else spec.name
+
+
+@dataclass(frozen=True)
+class MeasurementNoise:
+    """The measurement noise models of the observed states of the likelihood problem, in ``obs.states``
+    order (M,) - a state on the likelihood's log scale (lognormal with ``transform="log"``) counts as
+    Gaussian on log y there.
+
+    Attributes
+    ----------
+    names : (M,) noise model names (:data:`NOISE_MODELS`)
+    known : (M,) the noise parameter given by the user (sd for normal/lognormal - lognormal on the log
+        scale -, alpha for negbin; NaN where it is to be estimated, and for Poisson, which has none)
+    """
+
+    names: tuple[str, ...]
+    known: np.ndarray
+
+    @property
+    def estimated(self) -> np.ndarray:
+        """(M,) bool: which states have a noise parameter to estimate."""
+        return np.array([n != "poisson" for n in self.names]) & ~np.isfinite(self.known)
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """(M,) the name of each state's noise parameter: ``"sd"``, ``"alpha"`` or ``""`` (Poisson)."""
+        return tuple({"poisson": "", "negbin": "alpha"}.get(n, "sd") for n in self.names)
+
+    def models(self, params) -> tuple:
+        """(M,) :mod:`pgpgm.noise` objects with the parameters ``params`` (M,) (ignored for Poisson)."""
+        return tuple(noise_models.noise_model(n, **({k: float(v)} if k else {}))
+                     for n, k, v in zip(self.names, self.parameter_names, np.asarray(params, float)))
+
+
+def measurement_noise(noise, obs: Observations, noise_sd, scales: Scales | None) -> MeasurementNoise | None:
+    """Check the measurement noise models of :func:`pgpgm.fit` against the data, before any compilation.
+
+    Parameters
+    ----------
+    noise : as :func:`plan_scales` takes it
+    obs : the observations as given (original scale)
+    noise_sd : the user's ``noise_sd`` (None, a scalar or (M,)): the known sds of the normal and
+        lognormal states (lognormal: of log y)
+    scales : :func:`plan_scales`'s plan (None: none)
+
+    Returns
+    -------
+    MeasurementNoise, or None when every observed state has Gaussian noise on the likelihood's scale
+    (the plain path, unchanged).
+
+    Raises
+    ------
+    DataError : for an unknown model name, a measurement its model cannot explain (counts that are
+        negative or not whole numbers, values <= 0 under lognormal noise), naming state and index.
+    """
+    if noise is None:
+        return None
+    spec = per_state(noise, "noise", NOISE_MODELS, obs.states, "normal")
+    on_log = set(scales.likelihood_scale.states) if scales is not None else set()
+    names, known = [], np.full(len(obs.states), np.nan)
+    given = (None if noise_sd is None else
+             np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)))
+    for m, s in enumerate(obs.states):
+        name = "normal" if s in on_log else model_name(spec[s])
+        names.append(name)
+        if s not in on_log:
+            _probe(name).check(obs.values[:, m], name=f"measurements of {s} (noise {name!r})")
+        if name == "negbin" and not isinstance(spec[s], str):
+            known[m] = spec[s].alpha
+        elif name in ("normal", "lognormal"):
+            if not isinstance(spec[s], str) and s not in on_log:
+                known[m] = spec[s].sd
+            elif given is not None:
+                known[m] = given[m]
+    if all(n == "normal" for n in names) and all(isinstance(v, str) for v in spec.values()):
+        return None
+    return MeasurementNoise(tuple(names), known)
+
+
+def _probe(name: str):
+    """A noise model of this name with a placeholder parameter (its ``check`` does not use it)."""
+    param = {"normal": "sd", "lognormal": "sd", "negbin": "alpha"}.get(name)
+    return noise_models.noise_model(name, **({param: 1.0} if param else {}))

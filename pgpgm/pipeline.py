@@ -23,7 +23,7 @@ from .data import Observations, as_observations, initial_values
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .gp import GPFit
 from .gp.kernels import KERNELS
-from .logscale import Problem, Scales, plan_scales
+from .logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
 from .matching import MatchingRun, get_scheme, run_chains
 from .matching.density import (
     GradientMatchingDensity,
@@ -122,7 +122,8 @@ class Prepared:
     """The problem a fit solves: ``full`` the system as given; ``system``, ``data``, ``obs``, ``x0`` those
     of the likelihood (fixed parameters substituted, lognormal states on the log scale); ``matching``
     the problem of steps 1-2 (the data as given or on the log scale); ``scales`` the log-scale plan
-    (None: none); ``fixed`` the fixed parameters' values; ``priors`` and ``init`` without them."""
+    (None: none); ``fixed`` the fixed parameters' values; ``priors`` and ``init`` without them;
+    ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout)."""
 
     full: ODESystem
     system: ODESystem
@@ -137,6 +138,8 @@ class Prepared:
     kernel: Any
     gamma: Any
     true_theta: Any
+    noise: MeasurementNoise | None = None
+    x0_observed: dict[str, float] | None = None
 
     @property
     def on_log_for_matching(self) -> bool:
@@ -220,6 +223,7 @@ def fit(
     transform: Mapping[str, str] | None = None,
     grid=None,
     fixed: Mapping[str, float] | None = None,
+    x0_observed: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -264,10 +268,24 @@ def fit(
     a stop rule object is used as given. When and why step 2 stopped:
     ``result.estimates.attrs["sampling_stop_reason"]``, ``["sampling_iterations"]`` and
     ``result.gradient_matching.attrs["pgpgm_stopping"]`` (JSON, every check).
-    ``noise`` (``"normal"``, ``"lognormal"`` or a mapping observed state -> one of them) and
-    ``transform`` (mapping state -> ``"log"``) put states on the log scale: see :mod:`pgpgm.logscale`
-    (lognormal noise: every step on the log scale, noise sds on the log scale, ``noise_sd`` too;
-    ``"log"``: GP fit and gradient matching only). ``refine_x0`` also refines the observed
+    ``noise`` : the MEASUREMENT noise model of each observed state (:mod:`pgpgm.noise`): ``"normal"``
+    (default), ``"lognormal"`` (log y ~ N(log x, sd^2): y > 0 where measured, the state itself may be 0
+    where it is not measured, e.g. a concentration before an oral dose), ``"poisson"``, ``"negbin"``
+    (PyMC's NB(mu, alpha)), one name for every state or a mapping observed state -> a name or a
+    :mod:`pgpgm.noise` object (its parameter then known, e.g. ``pgpgm.noise.NegativeBinomial(5.0)``).
+    Steps 3 and 4 use its likelihood (step 3: the model's residuals - deviance residuals for counts -
+    with the chain-rule sensitivity Jacobian, its noise parameter estimated by maximum likelihood
+    unless given, ``refinement_nll`` its negative log likelihood; step 4: ``pm.LogNormal``,
+    ``pm.Poisson`` or ``pm.NegativeBinomial`` on the measured values, ``sigma_<state>`` /
+    ``alpha_<state>`` ~ LogNormal(log start, 2)); steps 1-2 (which only find the basin) fit the GP and
+    match gradients on the data as given, with the GP's Gaussian noise. ``noise_sd`` gives the sds
+    of normal and lognormal states (lognormal: of log y); ``result.trajectories["noise_sd"]`` holds
+    each state's noise parameter (sd; alpha for negbin; 1 for Poisson, which has none), named in its
+    ``parameter`` attribute. ``transform`` (mapping state -> ``"log"``) puts a state itself on the log
+    scale: see :mod:`pgpgm.logscale` (with normal noise: GP fit and gradient matching only; with
+    lognormal noise: every step on the log scale, the path ``noise="lognormal"`` alone took before
+    issue 31). ``x0_observed={"C": 0.0}`` holds known initial values of observed states fixed in
+    steps 3 and 4 (step 2 still samples the state's value at the first time as a start). ``refine_x0`` also refines the observed
     states' initial values (started at their posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
@@ -319,7 +337,7 @@ def fit(
                           posterior_budget=posterior_budget, nuts_sampler=nuts_sampler, cores=cores,
                           progressbar=progressbar, stop=stop, grid=grid)
     prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
-                       true_theta=true_theta)
+                       true_theta=true_theta, x0_observed=x0_observed)
     matched = match(prepared, options, timings, t0)  # steps 1-2
     t2 = time.perf_counter()
     refined = refine_step(prepared, matched, options)  # step 3
@@ -329,6 +347,12 @@ def fit(
     timings["posterior"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     result = report(prepared, matched, refined, post, options, timings)
+    if prepared.noise is not None:  # which likelihood, and what noise_sd holds per state
+        plan = prepared.noise
+        result.estimates.attrs["noise"] = json.dumps(dict(zip(prepared.obs.states, plan.names)))
+        result.trajectories["noise_sd"].attrs["parameter"] = "; ".join(
+            f"{s}: {n} " + {"normal": "sd (state units)", "lognormal": "sd of log y", "negbin": "alpha",
+                            "poisson": "none (1)"}[n] for s, n in zip(prepared.obs.states, plan.names))
     return result if prepared.scales is None else prepared.scales.back(result)  # on the original scale
 
 
@@ -362,7 +386,7 @@ def fit_options(*, kernel, gamma, priors, noise_sd, draws, tune, chains, seed, i
 
 
 def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise, transform, fixed,
-            true_theta) -> Prepared:
+            true_theta, x0_observed=None) -> Prepared:
     """The problem :func:`fit` solves, every input checked: the observations, the log-scale plan, the
     fixed parameters substituted (see :func:`fit`)."""
     kernel, gamma, noise_sd, grid = options.kernel, options.gamma, options.noise_sd, options.grid
@@ -371,6 +395,9 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
     for v in per_state(gamma, obs.states, "gamma"):
         check_gamma(v)
     scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
+    measurement = measurement_noise(noise, obs, noise_sd, scales)  # None: Gaussian in steps 3-4
+    if x0_observed is not None:
+        x0_observed = _known_observed_x0(x0_observed, obs.states, scales)
     if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
         system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
                                  scales.likelihood.x0)
@@ -378,6 +405,13 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
     gm = scales.matching if scales is not None else Problem(system, data, obs, x0, noise_sd)
     if scales is not None:  # per-state kernels and gammas by the matching problem's state names
         kernel, gamma = scales.matching_keys(kernel), scales.matching_keys(gamma)
+    if measurement is not None and noise_sd is not None and "lognormal" in measurement.names:
+        # the GP of steps 1-2 is on the data's scale: a lognormal sd (of log y) as sd * median y there
+        sd = np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)).copy()
+        for m, n in enumerate(measurement.names):
+            if n == "lognormal" and gm.obs.states[m] == obs.states[m]:
+                sd[m] *= float(np.nanmedian(np.abs(gm.obs.values[:, m])))
+        gm = replace(gm, noise_sd=sd)
     initial_values(system, data, x0, system.index_of_states(obs.states))
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
@@ -398,7 +432,8 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
             if values.shape == (full.n_parameters,):
                 init = values[[full.parameters.index(p) for p in system.parameters]]
     Priors.from_user(system.parameters, priors)
-    return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta)
+    return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta,
+                    measurement, x0_observed)
 
 
 def match(prepared: Prepared, options: FitOptions, timings: dict, t0: float) -> Matched:
@@ -444,13 +479,30 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
         noise_start = scales.matching_to_likelihood(x0_full, noise_start)[1]
     bounds = density.priors.bounds  # the uniform priors' support, None for other priors
     free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
-    problem = LeastSquaresProblem(matched.integrator, prepared.obs.values, density.observed_idx, noise_start, x0_full,
-                                  free_x0=free_x0)
+    if prepared.x0_observed:  # known initial values of observed states: held, not refined
+        for st, v in prepared.x0_observed.items():
+            x0_full[system.states.index(st)] = v
+        free_x0 = tuple(i for i in free_x0 if system.states[i] not in prepared.x0_observed)
+    plan = prepared.noise
+    if plan is None:
+        problem = LeastSquaresProblem(matched.integrator, prepared.obs.values, density.observed_idx, noise_start,
+                                      x0_full, free_x0=free_x0)
+    else:  # the measurement noise models: each state's noise parameter, given or started from the GP
+        noise_start = noise_parameters_start(plan, prepared.obs, noise_start)
+        problem = LeastSquaresProblem(matched.integrator, prepared.obs.values, density.observed_idx, noise_start,
+                                      x0_full, free_x0=free_x0, noise=plan.names)
     # multi-start: from the pooled posterior mean and from every chain's mean (its parameters and its
     # free initial values, as the stop checks refine them); keep the best
     starts = {"pooled mean": np.concatenate([theta_s, x0_full[list(free_x0)]])}
     last = run.last
-    same_problem = matched.own_rule and last is not None and prepared.matching.system is system and not on_log
+    same_problem = (matched.own_rule and last is not None and prepared.matching.system is system and not on_log
+                    and plan is None)
+    if plan is not None and matched.own_rule and last is not None and not on_log:
+        # the stop rule refined a Gaussian problem: its optima start this likelihood's refinement too
+        fit_q = lambda q: q if q.size == len(problem.q_names) else q[:system.n_parameters]  # noqa: E731
+        starts["Gaussian optimum"] = fit_q(np.array(last.best_q))
+        if last.box_q:
+            starts["box search's Gaussian optimum"] = fit_q(np.array(last.box_q))
     if same_problem and run.stopped:
         # the chains stopped at a check whose windows are the kept draws: that check refined every
         # chain's mean (and any box start) already (this problem, these bounds); go on from the best
@@ -462,7 +514,7 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
     if same_problem and not run.stopped and last.box_q:  # the stop rule's search of the prior box
         starts["box search's best optimum"] = np.array(last.box_q)
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
-    estimate_noise = options.noise_sd is None
+    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
     refinements = tuple(refine(problem, th, bounds, estimate_noise=estimate_noise, warn=False)
                         for th in starts.values())
     usable = [r for r in refinements if np.isfinite(r.nll)]
@@ -484,14 +536,21 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
     t = obs.times
     dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), matched.integrator.solver)
     if isinstance(spec, NUTS):
-        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, noise_sd=options.noise_sd,
-                                        noise_center=refined.noise_start, solver=matched.integrator.solver,
-                                        dense_times=dense.times,
+        plan = prepared.noise
+        if plan is None:
+            noise_args = {"noise_sd": options.noise_sd, "noise_center": refined.noise_start}
+        else:  # sds' priors about their starts (as the Gaussian ones), alpha's about its refined value
+            noise_args = {"noise": plan.names, "noise_sd": plan.known,
+                          "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
+        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, **noise_args,
+                                        solver=matched.integrator.solver, dense_times=dense.times,
                                         x0_priors=dict(zip(refined.unknown, density.x0_priors.specs)),
-                                        log_scale=log_scale_names(density.priors, ref.theta, ref.stderr))
-        center, sd = _refined_point(layout, ref, obs, (*obs.states, *refined.unknown))
+                                        log_scale=log_scale_names(density.priors, ref.theta, ref.stderr),
+                                        **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}))
+        initial = tuple(s for s in (*obs.states, *refined.unknown) if s not in (prepared.x0_observed or {}))
+        center, sd = _refined_point(layout, ref, obs, initial)
         names = {**{p: p for p in layout.parameters},
-                 **{f"x0[{s}]": n for s, n in zip((*obs.states, *refined.unknown), layout.initial)}}
+                 **{f"x0[{s}]": n for s, n in zip(initial, layout.initial)}}
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         run = run_nuts(model, center, sd, covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains,
                        cores=spec.cores, seed=options.seed, nuts_sampler=spec.sampler, max_rounds=spec.rounds,
@@ -501,7 +560,8 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
             m = mode["mean"]
             q0 = np.array([m[p] for p in layout.parameters]
                           + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
-            r = refine(refined.problem, q0, density.priors.bounds, estimate_noise=options.noise_sd is None, warn=False)
+            r = refine(refined.problem, q0, density.priors.bounds, warn=False,
+                       estimate_noise=options.noise_sd is None if prepared.noise is None else prepared.noise.estimated)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
         run.tree.attrs["pgpgm_modes"] = json.dumps(modes)
         if run.gradient_evaluations:  # every round's draws, not just those kept
@@ -546,10 +606,53 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
                     main=post.tree, has_posterior=spec is not None, theta_sampled=refined.theta_sampled,
                     x0_sampled=refined.x0_sampled, best=refined.best, refinements=refined.refinements,
                     starts=tuple(refined.starts), unknown=refined.unknown, at_bounds=at_bounds,
-                    stopping=(run.stopped, run.reason, list(run.iterations)), noise_given=options.noise_sd is not None,
+                    stopping=(run.stopped, run.reason, list(run.iterations)),
+                    noise_given=(options.noise_sd is not None if prepared.noise is None
+                                 else not refined.best.noise_estimated.any()),
                     noise_gp=matched.density.noise_sd, true_theta=true_theta, x0_true=x0_true,
                     solver=matched.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
                     diagnostics=diagnostics)
+
+
+def _known_observed_x0(values, states, scales) -> dict[str, float]:
+    """``x0_observed`` of :func:`fit` checked: observed state -> a finite number."""
+    if not isinstance(values, Mapping):
+        raise DataError(f"x0_observed must be a mapping observed state -> its known initial value, got {values!r}")
+    unknown = [k for k in values if k not in states]
+    if unknown:
+        raise DataError(f"x0_observed names {unknown}, which are not observed states {list(states)}; give latent "
+                        "states' initial values in x0")
+    if scales is not None:
+        raise DataError("x0_observed cannot be combined with states on the log scale (transform='log'); "
+                        "give the measurement noise model alone (noise={state: 'lognormal'})")
+    out = {}
+    for k, v in values.items():
+        a = as_float_array(v, f"x0_observed[{k}]")
+        if a.size != 1 or not np.isfinite(a).all():
+            raise DataError(f"x0_observed[{k}] must be one finite number, got {v!r}")
+        out[k] = float(a.reshape(-1)[0])
+    return out
+
+
+def noise_parameters_start(plan: MeasurementNoise, obs, gp_sd) -> np.ndarray:
+    """(M,) the start of each observed state's noise parameter in step 3: the given one, else from the
+    GP's noise sd ``gp_sd`` (M,) (state units, steps 1-2 work on the data's scale): normal sd as is,
+    lognormal sd / median y (the delta method: the sd of log y), negbin alpha by the moments
+    mean(y)^2 / (sd^2 - mean(y)) (Var = mu + mu^2/alpha; 100 when the GP sees no overdispersion),
+    clipped to [0.1, 1e4]; 1 (unused) for Poisson."""
+    out = np.ones(len(plan.names))
+    for m, name in enumerate(plan.names):
+        y = obs.state_values(m)
+        if np.isfinite(plan.known[m]):
+            out[m] = plan.known[m]
+        elif name == "normal":
+            out[m] = gp_sd[m]
+        elif name == "lognormal":
+            out[m] = gp_sd[m] / float(np.median(np.abs(y)))
+        elif name == "negbin":
+            excess = gp_sd[m] ** 2 - float(np.mean(y))
+            out[m] = float(np.clip(np.mean(y) ** 2 / excess, 0.1, 1e4)) if excess > 0 else 100.0
+    return out
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:
@@ -564,7 +667,8 @@ def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[s
         s = se.get(key, np.nan)
         center[name] = float(v)
         sd[name] = float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(float(v)), 1e-3)
-    for name, sig, n in zip(layout.noise, ref.noise_sd, obs.n_obs):
+    for name, m in zip(layout.noise, layout.noise_states):
+        sig, n = ref.noise_sd[m], obs.n_obs[m]
         center[name], sd[name] = float(sig), float(sig) / np.sqrt(2 * n)
     return center, sd
 

@@ -10,7 +10,7 @@ import xarray as xr
 
 from .checks import as_float_array, check_times
 from .errors import DataError
-from .logscale import NOISE_MODELS, per_state
+from .logscale import NOISE_MODELS, model_name, per_state
 from .ode.system import ODESystem
 from .solve import Integrator, Solver
 
@@ -28,6 +28,7 @@ def simulate(
     solver: Solver | None = None,
     missing: float = 0.0,
     noise: str | Mapping[str, str] | None = None,
+    alpha: float | Sequence[float] | None = None,
 ) -> xr.Dataset:
     """Integrate the system and add noise to the observed states: Gaussian (additive) or
     lognormal (multiplicative).
@@ -52,8 +53,13 @@ def simulate(
         noise, so the kept values equal those of ``missing=0``)
     noise : ``"normal"`` (default: y = x + sd e), ``"lognormal"`` (y = x exp(sd e): ``noise_sd``
         on the log scale, every measured value of the state positive) for every observed
-        state, or a mapping observed state -> one of them; e standard normal. Fit such data
-        with ``pgpgm.fit(..., noise="lognormal")``.
+        state, or a mapping observed state -> one of them; e standard normal; ``"poisson"``
+        (y ~ Poisson(x)) or ``"negbin"`` (y ~ NB(mu = x, alpha), Var y = x + x^2/alpha: PyMC's
+        ``pm.NegativeBinomial``) for counts (drawn after the Gaussian noise of the other states,
+        whose values are those of a draw without count states; ``noise_sd`` may be omitted when
+        every observed state is a count; the Dataset's ``noise_sd`` is NaN for count states). Fit
+        such data with ``pgpgm.fit(..., noise=...)`` and the same names.
+    alpha : the dispersion of the ``"negbin"`` states: one number or one per negbin state
 
     Returns
     -------
@@ -68,10 +74,20 @@ def simulate(
     if not observed or not all(isinstance(s, str) for s in observed):
         raise DataError(f"observed must be a state name or a non-empty list of state names, got {observed!r}")
     idx = system.index_of_states(observed)
+    models = {s: model_name(v) for s, v in per_state(noise, "noise", NOISE_MODELS, observed, "normal").items()}
+    lognormal = np.array([models[s] == "lognormal" for s in observed])
+    counts = np.array([models[s] in ("poisson", "negbin") for s in observed])
+    negbin = [s for s in observed if models[s] == "negbin"]
+    if negbin:
+        alpha_ = as_float_array(1.0 if alpha is None else alpha, "alpha")
+        if alpha is None or alpha_.ndim > 1 or alpha_.size not in (1, len(negbin)) or not np.all(
+                np.isfinite(alpha_) & (alpha_ > 0)):
+            raise DataError(f"negative-binomial noise of {negbin} needs alpha: one positive number or one per "
+                            f"negbin state (Var y = mu + mu^2/alpha), got {alpha!r}")
+    if counts.all() and noise_sd is None and snr is None:
+        noise_sd = 0.0  # counts carry their own noise
     if (noise_sd is None) == (snr is None):
         raise DataError("give exactly one of noise_sd or snr")
-    models = per_state(noise, "noise", NOISE_MODELS, observed, "normal")
-    lognormal = np.array([models[s] == "lognormal" for s in observed])
     if snr is not None and lognormal.any():
         raise DataError("snr sets additive noise; for lognormal states give noise_sd (the sd of log y), "
                         f"e.g. noise_sd=0.1 for about 10 % error (lognormal: {list(np.array(observed)[lognormal])})")
@@ -126,10 +142,24 @@ def simulate(
     if bad:
         raise DataError(f"lognormal noise needs a positive signal, but {bad} reach values <= 0 at their measurement "
                         "times; use noise='normal' for them")
+    bad = [s for m, s in enumerate(observed) if counts[m] and not np.all(signal[measured[:, m], m] > 0)]
+    if bad:
+        raise DataError(f"count noise needs a positive mean, but {bad} reach values <= 0 at their measurement "
+                        "times; use noise='normal' for them")
     rng = np.random.default_rng(seed)
     e = rng.normal(size=signal.shape) * sd
     with np.errstate(invalid="ignore", over="ignore"):
         y = np.where(lognormal, signal * np.exp(e), signal + e)
+    if counts.any():  # drawn after the Gaussian ones: Gaussian and lognormal states keep their values
+        alphas = (dict(zip(negbin, np.broadcast_to(as_float_array(alpha, "alpha").reshape(-1), (len(negbin),))))
+                  if negbin else {})
+        for m, s in enumerate(observed):
+            mu = np.where(measured[:, m], signal[:, m], 1.0)
+            if models[s] == "poisson":
+                y[:, m] = rng.poisson(mu)
+            elif models[s] == "negbin":  # PyMC's NB(mu, alpha) = Poisson(Gamma(alpha, scale mu/alpha))
+                y[:, m] = rng.poisson(rng.gamma(alphas[s], mu / alphas[s]))
+        sd = np.where(counts, np.nan, sd)
     y[~measured] = np.nan
     if miss > 0:
         for m in range(len(idx)):

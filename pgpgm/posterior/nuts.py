@@ -10,6 +10,12 @@ a ``pm.Model``:
     x(t) = CVODE solve from (x(t_0), theta)          on the observation and plotting grids
     y_k(t_i) ~ Normal(x_k(t_i), sigma_k)
 
+or, with measurement noise models (``build_ode_model(..., noise=(...))``, :mod:`pgpgm.noise`), per
+observed state: ``y_k ~ LogNormal(log x_k, sigma_k)`` (sigma_k of log y), ``Poisson(x_k)`` or
+``NegativeBinomial(mu=x_k, alpha=alpha_k)`` on the measured entries, with
+``alpha_k ~ LogNormal(log alpha_k^refined, 2)`` and ``sigma_k ~ LogNormal(log sigma_k^start, 2)``
+like the Gaussian sds, unless given; a prediction x_k <= 0 at a measured value has zero likelihood.
+
 and :func:`sample_posterior` runs NUTS on it, every chain started near the refined
 optimum (dispersed by the refinement covariance, which also seeds the diagonal mass
 matrix), chains in parallel processes.
@@ -36,6 +42,7 @@ from pymc.step_methods.hmc.quadpotential import (
 
 from ..data import Observations, as_observations, initial_value_priors, initial_values
 from ..errors import DataError, ODESolveError
+from ..noise import NOISE_MODELS
 from ..ode.system import ODESystem
 from ..priors import Priors, PriorSpec
 from ..processes import sample_in_processes
@@ -60,7 +67,8 @@ class ODEModelLayout:
     """Names and grids of a model from :func:`build_ode_model`.
 
     parameters : (P,) theta names; initial : (M,) names of the observed states' initial
-    values; noise : (M,) names of the noise sds (empty when the sds are given);
+    values; noise : (M,) names of the noise sds (empty when the sds are given; with noise models,
+    the free noise parameters only, ``noise_index`` giving their observed states);
     states : (S,) names of the state trajectories on ``dense_times``; dense_times : (D,)
     """
 
@@ -69,6 +77,12 @@ class ODEModelLayout:
     noise: tuple[str, ...]
     states: tuple[str, ...]
     dense_times: np.ndarray
+    noise_index: tuple[int, ...] | None = None
+
+    @property
+    def noise_states(self) -> tuple[int, ...]:
+        """(len(noise),) the observed state index m of each name in ``noise``."""
+        return tuple(range(len(self.noise))) if self.noise_index is None else self.noise_index
 
     @property
     def free(self) -> tuple[str, ...]:
@@ -84,6 +98,11 @@ def initial_value_name(state: str) -> str:
 def noise_name(state: str) -> str:
     """Name of the noise sd of an observed state in the ODE model."""
     return f"sigma_{state}"
+
+
+def dispersion_name(state: str) -> str:
+    """Name of the negative-binomial dispersion alpha of an observed state in the ODE model."""
+    return f"alpha_{state}"
 
 
 def data_name(what: str, state: str) -> str:
@@ -104,6 +123,8 @@ def build_ode_model(
     dense_times: np.ndarray | None = None,
     x0_priors: Mapping[str, PriorSpec] | None = None,
     log_scale: Sequence[str] = (),
+    noise: Sequence[str] | None = None,
+    x0_observed: Mapping[str, float] | None = None,
 ) -> tuple[pm.Model, ODEModelLayout]:
     """The ODE model of partial observations as a ``pm.Model``.
 
@@ -133,6 +154,14 @@ def build_ode_model(
         them from the refinement). A plain log scale would make the bound a hard wall: a
         NUTS trajectory along a ridge that reaches it (LV x1 observed: theta1 -> 10) ends
         in a divergence.
+    noise : None (Gaussian noise) or (M,) :mod:`pgpgm.noise` model names, one per observed state:
+        the likelihood of each is its model's PyMC distribution (``pm.Normal``, ``pm.LogNormal`` with
+        mu = log x, ``pm.Poisson``, ``pm.NegativeBinomial(mu, alpha)``); ``noise_sd`` (M,) then holds
+        known noise parameters (sd, of log y for lognormal; alpha for negbin) with NaN for a free one,
+        whose prior is LogNormal(log ``noise_center[m]``, 2) (``sigma_<state>`` or ``alpha_<state>``);
+        Poisson has none.
+    x0_observed : known initial values of observed states (``{"C": 0.0}``): data (``_x0_<state>``),
+        not free ``<state>_0`` (left out of ``layout.initial``)
 
     Returns
     -------
@@ -159,7 +188,18 @@ def build_ode_model(
     prior = priors if isinstance(priors, Priors) else Priors.from_user(system.parameters, priors)
     t, Y = obs.times, obs.values
     M = len(obs.states)
-    if noise_sd is None:
+    if noise is not None:
+        noise = tuple(noise)
+        if len(noise) != M or any(n not in NOISE_MODELS for n in noise):
+            raise DataError(f"noise must name one noise model of {list(NOISE_MODELS)} per observed state ({M}), "
+                            f"got {noise!r}")
+        known = np.full(M, np.nan) if noise_sd is None else np.broadcast_to(np.asarray(noise_sd, float), (M,))
+        free = [m for m in range(M) if noise[m] != "poisson" and not np.isfinite(known[m])]
+        center = np.full(M, np.nan) if noise_center is None else np.broadcast_to(np.asarray(noise_center, float), (M,))
+        if free and (np.any(~np.isfinite(center[free])) or np.any(center[free] <= 0)):
+            raise DataError(f"noise_center must be positive for the free noise parameters, got {noise_center}")
+        noise_sd = None
+    elif noise_sd is None:
         if noise_center is None:
             raise DataError("give noise_sd (known) or noise_center (the centre of the noise prior)")
         center = np.broadcast_to(np.asarray(noise_center, float), (M,))
@@ -185,7 +225,11 @@ def build_ode_model(
         # code (PyTensor's numba cache, memory and disk) serves them all
         theta = prior.variables(log_scale)  # same priors; NUTS moves log_scale ones in log theta
         first = {}
+        held = dict(x0_observed or {})
         for m, s in enumerate(obs.states):
+            if s in held:  # a known initial value
+                first[obs_idx[m]] = pm.Data(data_name("x0", s), float(held[s]))
+                continue
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
             spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
             first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=pm.Data(data_name("x0_mu", s), float(ym[0])),
@@ -203,6 +247,9 @@ def build_ode_model(
         for i, s in enumerate(system.states):
             pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
         for m, s in enumerate(obs.states):
+            if noise is not None:
+                _likelihood(model, noise[m], s, safe[:, obs_idx[m]], rows_obs, obs, m, known[m], center[m])
+                continue
             if noise_sd is None:
                 sigma = pm.LogNormal(noise_name(s), mu=pm.Data(data_name("log_noise_center", s), np.log(center[m])),
                                      sigma=np.float64(NOISE_PRIOR_LOG_SD))
@@ -216,10 +263,56 @@ def build_ode_model(
                 model.add_coord(f"time_{s}", t[rows])
                 y = pm.Data(data_name("y", s), Y[rows, m], dims=f"time_{s}")
                 pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=y, dims=f"time_{s}")
-    layout = ODEModelLayout(tuple(system.parameters), tuple(initial_value_name(s) for s in (*obs.states, *unknown)),
+    if noise is not None:
+        names = tuple((dispersion_name if noise[m] == "negbin" else noise_name)(obs.states[m]) for m in free)
+        layout = ODEModelLayout(tuple(system.parameters),
+                                tuple(initial_value_name(s) for s in (*obs.states, *unknown) if s not in held), names,
+                                tuple(system.states), dense, tuple(free))
+        return model, layout
+    layout = ODEModelLayout(tuple(system.parameters),
+                            tuple(initial_value_name(s) for s in (*obs.states, *unknown) if s not in held),
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)
     return model, layout
+
+
+def _likelihood(model: pm.Model, name: str, s: str, x, rows_obs, obs: Observations, m: int, known: float,
+                center: float) -> None:
+    """The observed RV ``y_<s>`` of observed state s (index m) under the noise model ``name``, on its
+    measured entries, from the state's trajectory x (grid,); its noise parameter free (LogNormal prior
+    about ``center``) unless ``known`` is finite."""
+    rows = np.flatnonzero(obs.mask[:, m])
+    if obs.complete:
+        dims = "time"
+    else:
+        dims = f"time_{s}"
+        model.add_coord(dims, obs.times[rows])
+    mu = x[rows_obs[rows]]
+    values = obs.values[rows, m]
+    if name in ("poisson", "negbin"):
+        values = values.astype("int64")
+    y = pm.Data(data_name("y", s), values, dims=dims)
+    param = None
+    if name != "poisson":
+        pname = dispersion_name(s) if name == "negbin" else noise_name(s)
+        if np.isfinite(known):
+            param = pm.Data(data_name("noise_sd" if name != "negbin" else "alpha", s), float(known))
+        else:
+            param = pm.LogNormal(pname, mu=pm.Data(data_name("log_noise_center", s), np.log(center)),
+                                 sigma=np.float64(NOISE_PRIOR_LOG_SD))
+    if name == "normal":
+        pm.Normal(f"y_{s}", mu=mu, sigma=param, observed=y, dims=dims)
+        return
+    # a prediction <= 0 at a measured value: zero likelihood (and a finite placeholder for the RV)
+    positive = pt.all(mu > 0)
+    pm.Potential(f"{s}_positive", pt.switch(positive, np.float64(0.0), np.float64(-np.inf)))
+    mu = pt.switch(mu > 0, mu, 1.0)
+    if name == "lognormal":
+        pm.LogNormal(f"y_{s}", mu=pt.log(mu), sigma=param, observed=y, dims=dims)
+    elif name == "poisson":
+        pm.Poisson(f"y_{s}", mu=mu, observed=y, dims=dims)
+    else:
+        pm.NegativeBinomial(f"y_{s}", mu=mu, alpha=param, observed=y, dims=dims)
 
 
 class ValueSpace:

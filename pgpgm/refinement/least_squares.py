@@ -18,6 +18,18 @@ measured with noise too).
   stationary point of the full likelihood (the weighted-least-squares gradient
   sum_k J_k^T r_k / sd_k^2 equals the profile gradient there).
 
+Other measurement noise models (``LeastSquaresProblem(..., noise=("lognormal", "poisson", ...))``,
+one :mod:`pgpgm.noise` name per observed state): the residuals are the model's (lognormal: (log y -
+log mu)/sd; counts: deviance residuals), so that 1/2 sum r^2 = nll - nll_saturated and weighted least
+squares in q for fixed noise parameters is maximum likelihood; the Jacobian is the chain rule
+d_residuals_d_mu * dmu/dq; ``noise_sd`` holds each state's noise parameter (normal and lognormal: the
+sd, lognormal of log y; negbin: alpha; Poisson: 1, unused). :func:`refine` estimates the parameters
+in the same alternation: sd in closed form (sqrt of the mean squared residual on the model's scale),
+negbin alpha by a bounded 1-D minimisation of the nll in log alpha; ``Refinement.nll`` is the model's
+negative log likelihood (:meth:`pgpgm.noise.NoiseModel.nll`, constants included). The covariance is
+(J^T J)^-1 of those residuals: the Gauss-Newton approximation of the observed information (for
+counts, the expected (Fisher) information at y = mu).
+
 The Jacobian comes from the forward sensitivities (one augmented solve). The covariance of
 q is the inverse Fisher information computed on unit-norm columns with a rank-revealing
 SVD (see :func:`refine`), so a direction the data do not determine gets an infinite
@@ -34,11 +46,15 @@ import numpy as np
 from scipy import optimize
 
 from ..errors import DataError, IdentifiabilityWarning, ODESolveError
+from ..noise import NOISE_MODELS, noise_model
 from ..solve import Integrator
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
 _NULL_COMPONENT = 1e-6  # a unit null-space direction "involves" an unknown above this component
 _SD_FLOOR = 1e-6  # an estimated sd stays above this fraction of its starting value
+_ALPHA_RANGE = (1e-4, 1e8)  # negbin alpha is estimated within this range (1e8: Poisson to ~1e-8 relative)
+#: the name of each noise model's parameter held in ``noise_sd`` ("" for none)
+_PARAMETER = {"normal": "sd", "lognormal": "sd", "negbin": "alpha", "poisson": ""}
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +87,8 @@ class Refinement:
     null_space : (Q, Q - rank) unit directions in q (q units) that the data do not
         determine; moving q along them leaves the residuals unchanged to first order.
     undetermined : names of the unknowns with a component above 1e-6 in ``null_space``.
+    noise : (M,) the noise model names of the problem, None for Gaussian noise throughout (then
+        ``noise_sd`` are sds in state units; otherwise each state's noise parameter, see the module).
     """
 
     theta: np.ndarray
@@ -91,6 +109,7 @@ class Refinement:
     singular_values: np.ndarray
     null_space: np.ndarray
     undetermined: tuple[str, ...]
+    noise: tuple[str, ...] | None = None
 
     @property
     def q_stderr(self) -> dict[str, float]:
@@ -115,6 +134,8 @@ class LeastSquaresProblem:
         and the starting values when :func:`refine` estimates them
     x0 : (S,) initial state at ``times[0]``; entries in ``free_x0`` are starting values
     free_x0 : distinct state indices whose initial values are unknowns too
+    noise : None (Gaussian noise, the sds ``noise_sd``) or (M,) :mod:`pgpgm.noise` model names; then
+        ``noise_sd`` holds each state's noise parameter (see the module docstring)
 
     Raises
     ------
@@ -127,6 +148,7 @@ class LeastSquaresProblem:
     noise_sd: np.ndarray
     x0: np.ndarray
     free_x0: tuple[int, ...] = field(default=(), kw_only=True)
+    noise: tuple[str, ...] | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         if not isinstance(self.integrator, Integrator):
@@ -156,6 +178,14 @@ class LeastSquaresProblem:
         if x0.shape != (S,) or not np.all(np.isfinite(x0)):
             raise DataError(f"x0 must hold {S} finite values {list(system.states)}, got {self.x0!r}")
         free = _indices(self.free_x0, S, "free_x0", system.states)
+        if self.noise is not None:
+            noise = tuple(self.noise)
+            if len(noise) != M or any(n not in NOISE_MODELS for n in noise):
+                raise DataError(f"noise must name one noise model of {list(NOISE_MODELS)} per observed state ({M}), "
+                                f"got {self.noise!r}")
+            object.__setattr__(self, "noise", noise)
+            for k, n in enumerate(noise):  # what each model cannot explain, before any solve
+                self.models(sd)[k].check(y[:, k], f"y of {system.states[idx[k]]} (noise {n!r})")
         for name, value in (("y", y), ("observed_idx", idx), ("noise_sd", sd), ("x0", x0), ("free_x0", free)):
             if isinstance(value, np.ndarray):
                 value.setflags(write=False)
@@ -197,8 +227,31 @@ class LeastSquaresProblem:
 
     def with_noise_sd(self, noise_sd) -> LeastSquaresProblem:
         """The same problem with other residual scales ``noise_sd`` (M,) (shares the integrator)."""
+        if self.noise is None:
+            return LeastSquaresProblem(self.integrator, self.y, self.observed_idx, noise_sd, self.x0,
+                                       free_x0=self.free_x0)
         return LeastSquaresProblem(self.integrator, self.y, self.observed_idx, noise_sd, self.x0,
-                                   free_x0=self.free_x0)
+                                   free_x0=self.free_x0, noise=self.noise)
+
+    def models(self, params=None) -> tuple:
+        """(M,) the :mod:`pgpgm.noise` objects with the parameters ``params`` (M,) (default ``noise_sd``);
+        Gaussian ones when ``noise`` is None."""
+        params = self.noise_sd if params is None else np.asarray(params, float)
+        names = self.noise or ("normal",) * len(self.observed_idx)
+        return tuple(noise_model(n, **({_PARAMETER[n]: float(v)} if _PARAMETER[n] else {}))
+                     for n, v in zip(names, params))
+
+    def predictions(self, q) -> np.ndarray:
+        """The model's prediction mu = x_M(t; q) (N, M) of the observations; raises
+        :class:`ODESolveError` if the solve fails."""
+        return self.integrator.solve(*self.split(q))[:, list(self.observed_idx)]
+
+    def _noise_residuals(self, mu: np.ndarray) -> np.ndarray:
+        """(N, M) the noise models' residuals at the prediction mu (0 where y is missing; a residual
+        the model cannot give - mu <= 0 at a measured lognormal or count value - is 1e6)."""
+        with np.errstate(all="ignore"):
+            r = np.column_stack([m.residuals(self.y[:, k], mu[:, k]) for k, m in enumerate(self.models())])
+        return np.where(np.isfinite(r), r, _FAILED)
 
     # ------------------------------------------------------------------ residuals
     def raw_residuals(self, q) -> np.ndarray:
@@ -225,7 +278,10 @@ class LeastSquaresProblem:
             r = self.raw_residuals(q)
         except ODESolveError:
             return np.full(K, _FAILED)
-        r = r / self.noise_sd
+        if self.noise is None:
+            r = r / self.noise_sd
+        else:  # the noise models' residuals (their sign: y - mu, the Jacobian's too)
+            r = self._noise_residuals(r + self.y)
         return r.ravel() if K == self.y.size else r[self.mask]
 
     def jacobian(self, q, *, strict: bool = False) -> np.ndarray:
@@ -235,13 +291,20 @@ class LeastSquaresProblem:
         zeros otherwise (what the optimiser is given).
         """
         try:
-            _, dth, dx0 = self.integrator.solve_sensitivities(*self.split(q))
+            x, dth, dx0 = self.integrator.solve_sensitivities(*self.split(q))
         except ODESolveError:
             if strict:
                 raise
             return np.zeros((int(self.n_obs.sum()), np.size(q)))
         d = np.concatenate([dth, dx0[:, :, list(self.free_x0)]], axis=2)
-        d = d[:, list(self.observed_idx), :] / self.noise_sd[None, :, None]
+        if self.noise is None:
+            d = d[:, list(self.observed_idx), :] / self.noise_sd[None, :, None]
+        else:  # chain rule: dr/dq = dr/dmu * dmu/dq, dr/dmu of each model (diagonal)
+            mu = x[:, list(self.observed_idx)]
+            with np.errstate(all="ignore"):
+                g = np.column_stack([m.d_residuals_d_mu(self.y[:, k], mu[:, k]) for k, m in enumerate(self.models())])
+            g = np.where(np.isfinite(g), g, 0.0)
+            d = d[:, list(self.observed_idx), :] * g[:, :, None]
         return d.reshape(self.y.size, -1) if self.n_obs.sum() == self.y.size else d[self.mask]
 
     def cost(self, q) -> float:
@@ -251,9 +314,18 @@ class LeastSquaresProblem:
 
     def nll(self, q, noise_sd=None) -> float:
         """Gaussian negative log likelihood of y at q with sds ``noise_sd`` (M,) (default: the
-        problem's), constants included: sum_k [N_k log sd_k + RSS_k / (2 sd_k^2)] + N/2 log(2 pi).
+        problem's), constants included: sum_k [N_k log sd_k + RSS_k / (2 sd_k^2)] + N/2 log(2 pi);
+        with ``noise`` models, the sum of their ``nll`` with the parameters ``noise_sd``.
         ``inf`` if the solve fails."""
         sd = self.noise_sd if noise_sd is None else np.broadcast_to(np.asarray(noise_sd, float), self.noise_sd.shape)
+        if self.noise is not None:
+            try:
+                mu = self.predictions(q)
+            except ODESolveError:
+                return np.inf
+            with np.errstate(all="ignore"):
+                v = float(sum(m.nll(self.y[:, k], mu[:, k]) for k, m in enumerate(self.models(sd))))
+            return v if np.isfinite(v) else np.inf
         try:
             rss = self.rss(q)
         except ODESolveError:
@@ -379,7 +451,10 @@ def refine(
             break
         rounds += 1
         new = sd.copy()
-        new[estimated] = np.maximum(np.sqrt(problem.rss(q) / problem.n_obs)[estimated], floor[estimated])
+        if problem.noise is None:
+            new[estimated] = np.maximum(np.sqrt(problem.rss(q) / problem.n_obs)[estimated], floor[estimated])
+        else:
+            new[estimated] = np.maximum(_ml_noise(problem, q, sd)[estimated], floor[estimated])
         change = float(np.max(np.abs(new / sd - 1)))
         sd = new
         if change <= noise_rtol:
@@ -418,8 +493,35 @@ def refine(
         theta=theta, stderr=np.sqrt(np.diag(cov)[:P]), covariance=cov[:P, :P], x0=x0, cost=final.cost(q),
         n_solves=problem.integrator.n_solves - n0, success=success, message=message, noise_sd=sd,
         noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
-        singular_values=s, null_space=null, undetermined=undetermined,
+        singular_values=s, null_space=null, undetermined=undetermined, noise=problem.noise,
     )
+
+
+def _ml_noise(problem: LeastSquaresProblem, q, params: np.ndarray) -> np.ndarray:
+    """(M,) the maximum-likelihood noise parameter of each state at q for a problem with ``noise``
+    models: sd = sqrt(mean squared residual on the model's scale) for normal and lognormal (closed
+    form), negbin alpha by a bounded minimisation of its nll over log alpha (Brent, within 1e-4..1e8);
+    ``params`` where the model has none (Poisson) or the solve fails."""
+    out = np.array(params, dtype=float)
+    try:
+        mu = problem.predictions(q)
+    except ODESolveError:
+        return out
+    for k, name in enumerate(problem.noise):
+        y, m = problem.y[:, k], problem.mask[:, k]
+        if name == "normal":
+            out[k] = np.sqrt(np.mean((y[m] - mu[m, k]) ** 2))
+        elif name == "lognormal":
+            with np.errstate(all="ignore"):
+                r = np.log(y[m]) - np.log(mu[m, k])
+            if np.all(np.isfinite(r)):
+                out[k] = np.sqrt(np.mean(r**2))
+        elif name == "negbin" and np.all(mu[m, k] > 0):
+            f = lambda la: noise_model("negbin", alpha=float(np.exp(la))).nll(y, mu[:, k])  # noqa: E731
+            lo, hi = np.log(_ALPHA_RANGE)
+            res = optimize.minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+            out[k] = float(np.exp(res.x))
+    return out
 
 
 def _least_squares(problem: LeastSquaresProblem, q: np.ndarray, lo: np.ndarray, hi: np.ndarray,
@@ -495,7 +597,7 @@ def _failed(problem: LeastSquaresProblem, q, sd, estimated, n0: int, message: st
         n_solves=problem.integrator.n_solves - n0, success=False, message=message, noise_sd=sd,
         noise_estimated=estimated, nll=nll, q=np.asarray(q, float), q_names=problem.q_names,
         q_covariance=np.full((Q, Q), np.nan), rank=0, singular_values=np.full(Q, np.nan),
-        null_space=np.zeros((Q, 0)), undetermined=(),
+        null_space=np.zeros((Q, 0)), undetermined=(), noise=problem.noise,
     )
 
 
