@@ -29,6 +29,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--draws", type=int, default=500)
+    ap.add_argument("--centred", action="store_true")
     args = ap.parse_args(argv)
     ref_path = ROOT / "benchmarks" / "results" / "studies_reference_theoph.json"
     ref = json.loads(ref_path.read_text()) if ref_path.exists() else None
@@ -39,9 +40,10 @@ def main(argv=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = pgpgm.fit_study(spec.system, study, hierarchical={"ka": "lognormal", "CL": "lognormal"},
-                              priors=spec.priors(), posterior_draws=args.draws, posterior_tune=args.draws)
+                              priors=spec.priors(), posterior_draws=args.draws, posterior_tune=args.draws,
+                              centred=args.centred)
     seconds = time.perf_counter() - t0
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": seconds,
+    out = {"centred": args.centred, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": seconds,
            "timings": res.timings, "warnings": [str(w.message)[:300] for w in caught]}
     sep = res.theta("separate")
     if ref is not None:

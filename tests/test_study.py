@@ -126,7 +126,8 @@ def test_varying_parameter_refines_per_experiment(pk, joint3):
     np.testing.assert_allclose(got["CL"].to_numpy(), q[2:], rtol=2e-4)
 
 
-def test_joint_model_log_density_equals_scipy(pk):
+@pytest.mark.parametrize("centred", [False, True])
+def test_joint_model_log_density_equals_scipy(pk, centred):
     """The step-4 model (hierarchical ka, shared ke and CL, one noise sd) against scipy.stats."""
     from pgpgm.data import as_observations
     from pgpgm.priors import Priors
@@ -138,9 +139,10 @@ def test_joint_model_log_density_equals_scipy(pk):
     x0s = [np.array([float(n.split()[1]), 0.0]) for n in names]
     prior = Priors.from_user(pk.system.parameters, pk.priors())
     model = build_study_model(pk.system, obs, names, x0s, [(), (), ()], [{}, {}, {}], hierarchical={"ka": "lognormal"},
-                              priors=prior, noise_center={"C": 0.3})
+                              priors=prior, noise_center={"C": 0.3}, centred=centred)
     point = {"mu_ka": 0.3, "sigma_ka": 0.4, "ke": 0.09, "CL": 0.045, "sigma_C": 0.35,
-             **{f"z_ka[{n}]": z for n, z in zip(names, (-0.5, 0.2, 1.1))}}
+             **{f"z_ka[{n}]": z for n, z in zip(names, (-0.5, 0.2, 1.1))},
+             **{f"log_ka[{n}]": 0.3 + 0.4 * z for n, z in zip(names, (-0.5, 0.2, 1.1))}}
     logp = model.compile_logp(jacobian=False)
     value = logp(model.initial_point() | {model.rvs_to_values[rv].name: _to_value(model, rv, point[rv.name])
                                           for rv in model.free_RVs})
@@ -149,7 +151,8 @@ def test_joint_model_log_density_equals_scipy(pk):
     expect += stats.lognorm(s=2.0, scale=0.3).logpdf(0.35)
     for n, z in zip(names, (-0.5, 0.2, 1.1)):
         ka = np.exp(0.3 + 0.4 * z)
-        expect += stats.norm.logpdf(z) + stats.norm(conc(TIMES, float(n.split()[1]), ka, 0.09, 0.045), 0.35).logpdf(
+        prior_z = stats.norm(0.3, 0.4).logpdf(np.log(ka)) if centred else stats.norm.logpdf(z)
+        expect += prior_z + stats.norm(conc(TIMES, float(n.split()[1]), ka, 0.09, 0.045), 0.35).logpdf(
             ys[n]).sum()
     assert value == pytest.approx(expect, rel=1e-6)
 
@@ -242,3 +245,16 @@ def test_bad_inputs(pk):
         pgpgm.fit_study(pk.system, study, fit_kwargs={"x0": {}})
     with pytest.raises(DataError, match="noise_sd of C must be a positive number"):
         pgpgm.fit_study(pk.system, study, noise_sd=-1.0)
+
+
+def test_study_from_tidy_theophylline():
+    data, inputs = pgpgm.datasets.theophylline(), pgpgm.datasets.theophylline_inputs()
+    study = Study.from_tidy(data, inputs, x0={"A": "dose_mg_per_kg", "C": 0.0})
+    assert study.names == tuple(str(i) for i in range(1, 13))
+    dose = dict(zip(inputs.experiment, inputs.dose_mg_per_kg))
+    for e in study.experiments:
+        assert e.x0 == {"A": dose[e.name], "C": 0.0}
+        assert e.data.shape[0] == 11 and list(e.data.columns) == ["time", "state", "value"]
+    obs = study.check(pgpgm.load_model("pk-oral").system)
+    assert [o.states for o in obs] == [("C",)] * 12
+    assert study.subset(["3", "1"]).names == ("3", "1")

@@ -44,6 +44,7 @@ def fit_study(
     cores: int | None = None,
     solver: Solver | None = None,
     population_priors: Mapping[str, Any] | None = None,
+    centred: bool = False,
     progressbar: bool = False,
     fit_kwargs: Mapping[str, Any] | None = None,
 ) -> StudyResult:
@@ -75,6 +76,8 @@ def fit_study(
     posterior : ``"nuts"`` (with ``posterior_*``, ``cores``), a :class:`pgpgm.NUTS`, or None (steps 1-3 only)
     population_priors : callables ``name -> PyMC variable`` for ``mu_<p>`` / ``sigma_<p>`` (default
         Normal(0, 3) and HalfNormal(1) on the log scale)
+    centred : hierarchical parameters as ``log_<p>[<e>] ~ Normal(mu, sigma)`` (centred) instead of the
+        default non-centred ``z_<p>[<e>]``; better when each experiment's data determine its value well
 
     Returns
     -------
@@ -167,10 +170,12 @@ def fit_study(
         model = build_study_model(system, observations, names, best.x0s, free,
                                   [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
                                   priors=prior, noise_center=dict(zip(observed, best.noise_sd)),
-                                  noise_sd=given_sd, solver=solver, population_priors=population_priors)
+                                  noise_sd=given_sd, solver=solver, population_priors=population_priors,
+                                  centred=centred)
         n_obs = {s: int(sum(o.n_obs[o.states.index(s)] for o in observations if s in o.states)) for s in observed}
-        center, spread = _start(system, layout, best, hier, varying, shared, observed, free, given_sd, n_obs)
-        run = run_nuts(model, center, spread, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
+        center, spread = _start(system, layout, best, hier, varying, shared, observed, free, given_sd, n_obs, centred)
+        covariance = _covariance(best, layout, hier, centred)
+        run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
                        cores=posterior.cores, seed=seed, nuts_sampler=posterior.sampler, max_rounds=posterior.rounds,
                        progressbar=progressbar, budget=posterior.budget, warn=False)
         tree = run.tree
@@ -215,6 +220,30 @@ def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds,
     return tied[0]
 
 
+def _covariance(best: JointRefinement, layout: JointLayout, hier, centred: bool):
+    """The joint refinement's covariance by step 4's variable names (shared and varying parameters, free initial
+    values; a centred hierarchical value as its log): the dense seed of the NUTS mass matrix. None when it is
+    not finite (then a diagonal seed from the standard errors)."""
+    if best.covariance is None or not np.all(np.isfinite(best.covariance)):
+        return None
+    names, scale = [], np.ones(len(best.names))
+    for i, n in enumerate(best.names):
+        if n.startswith("x0["):  # x0[s][e] -> s_0[e]
+            s, e = n[3:].split("][", 1)
+            names.append(x0_name(s, e[:-1]))
+            continue
+        p = n.split("[", 1)[0]
+        if p in hier:
+            if not centred:
+                names.append(f"_not_sampled_{i}")  # the non-centred z depends on mu and sigma: left out
+                continue
+            names.append(f"log_{n}")
+            scale[i] = 1.0 / best.q[i]
+        else:
+            names.append(n)
+    return names, best.covariance * np.outer(scale, scale)
+
+
 def _states_of(e, observations, study) -> tuple[str, ...]:
     return observations[study.names.index(e.name)].states
 
@@ -242,7 +271,7 @@ def _noise_sd(noise_sd, observed: tuple[str, ...]) -> dict[str, float] | None:
 
 
 def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, observed, free,
-           given_sd, n_obs: Mapping[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+           given_sd, n_obs: Mapping[str, int], centred: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Step 4's centre and spread by variable name: the joint optimum and its standard errors; hierarchical
     parameters from the refined values: mu, sigma their log mean and sd, z[e] the standardised logs."""
     center, sd = {}, {}
@@ -273,9 +302,12 @@ def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, sh
         center[f"mu_{p}"], sd[f"mu_{p}"] = mu, sig / np.sqrt(max(K, 1))
         center[f"sigma_{p}"], sd[f"sigma_{p}"] = sig, sig / np.sqrt(2 * max(K, 1))
         for (e, n), lv in zip(keys, logs):
-            center[f"z_{p}[{e}]"] = (lv - mu) / sig
             rel = se_or(n, best.value(n)) / max(best.value(n), 1e-300)
-            sd[f"z_{p}[{e}]"] = float(min(max(rel / sig, 0.05), 1.0))
+            if centred:
+                center[f"log_{p}[{e}]"], sd[f"log_{p}[{e}]"] = float(lv), float(min(max(rel, 0.01), 1.0))
+            else:
+                center[f"z_{p}[{e}]"] = (lv - mu) / sig
+                sd[f"z_{p}[{e}]"] = float(min(max(rel / sig, 0.05), 1.0))
     if given_sd is None:
         for s, v in zip(observed, best.noise_sd):
             center[f"sigma_{s}"] = float(v)

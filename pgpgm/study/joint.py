@@ -102,7 +102,8 @@ class JointRefinement:
     """A joint refinement: q (Q,) and its names, standard errors (Q,) (inverse Fisher information,
     ``inf`` where the data do not determine a direction), the noise sds (M,) by ``observed`` state
     (estimated or given), the NLL (constants included), per-experiment parameters ``thetas`` (K, P)
-    and initial states ``x0s`` (K, S), the ODE solves, and scipy's status."""
+    and initial states ``x0s`` (K, S), the ODE solves, scipy's status, and the covariance of q (Q, Q) (NaN in
+    the rows and columns of undetermined unknowns)."""
 
     q: np.ndarray
     names: tuple[str, ...]
@@ -115,6 +116,7 @@ class JointRefinement:
     n_solves: int
     success: bool
     message: str
+    covariance: np.ndarray | None = None
 
     def value(self, name: str) -> float:
         return float(self.q[self.names.index(name)])
@@ -252,14 +254,17 @@ def refine_joint(problem: JointProblem, q0, noise_sd=None, *, max_nfev: int = 40
     se = np.sqrt(np.abs(np.diag(cov)))
     if not keep.all():
         null = vt[~keep]
-        se[np.linalg.norm(null, axis=0) > 1e-6] = np.inf
+        bad = np.linalg.norm(null, axis=0) > 1e-6
+        se[bad] = np.inf
+        cov[bad, :] = np.nan
+        cov[:, bad] = np.nan
     K = len(problem.problems)
     thetas = np.array([problem.layout.theta(q, j)[: len(problem.layout.parameters)] for j in range(K)])
     x0s = np.array([problem.problems[j].split(problem.layout.theta(q, j))[1] for j in range(K)])
     return JointRefinement(q, names, se, sd, problem.observed, problem.nll(q, sd), thetas, x0s,
                            problem.n_solves() - n0, bool(res.success) and converged,
                            message + (f"; noise sds converged in {rounds} rounds" if estimate and converged else
-                                      "; noise sds not converged" if estimate else ""))
+                                      "; noise sds not converged" if estimate else ""), cov)
 
 
 def _failed(problem: JointProblem, q, n0: int, message: str) -> JointRefinement:

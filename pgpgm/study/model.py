@@ -3,7 +3,8 @@
     shared p           ~ its prior (the fit's priors: Uniform box or a callable)
     varying p[e]       ~ the same prior, one variable per experiment e
     hierarchical p:      mu_p ~ Normal(0, 3),  sigma_p ~ HalfNormal(1),  z_p[e] ~ Normal(0, 1),
-                         p[e] = exp(mu_p + sigma_p z_p[e])          (log-normal, non-centred)
+                         p[e] = exp(mu_p + sigma_p z_p[e])          (log-normal, non-centred;
+                         ``centred=True``: log_p[e] ~ Normal(mu_p, sigma_p), p[e] = exp(log_p[e]))
     <s>_0[e]           ~ Normal(first measurement, sd of the measurements)  observed states of e
                          whose initial value the study does not know
     sigma_<s>          ~ LogNormal(log centre, 2)   one noise sd per observed state, shared
@@ -54,7 +55,8 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                       *, varying: Sequence[str] = (), hierarchical: Mapping[str, str] | None = None,
                       priors: Priors, noise_center: Mapping[str, float] | None = None,
                       noise_sd: Mapping[str, float] | None = None, solver: Solver | None = None,
-                      population_priors: Mapping[str, Callable[[str], pt.TensorVariable]] | None = None) -> pm.Model:
+                      population_priors: Mapping[str, Callable[[str], pt.TensorVariable]] | None = None,
+                      centred: bool = False) -> pm.Model:
     """The joint ODE model of a study (see the module docstring).
 
     Parameters
@@ -68,6 +70,9 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
     priors : the parameters' priors (:class:`~pgpgm.priors.Priors`)
     noise_center : centre of each observed state's noise prior, or ``noise_sd`` known sds by state
     population_priors : callables ``name -> variable`` for ``mu_<p>`` / ``sigma_<p>`` by those names
+    centred : sample ``log_<p>[<e>] ~ Normal(mu_p, sigma_p)`` instead of the non-centred ``z_<p>[<e>]``
+        (better when every experiment's data determine its value well: then the non-centred z, mu and
+        sigma are tightly correlated; the non-centred form is better when they do not)
 
     Returns
     -------
@@ -107,8 +112,11 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                     theta.append(pt.as_tensor_variable(np.float64(fixed[j][p])))
                 elif p in hierarchical:
                     mu, sigma = pop[p]
-                    z = pm.Normal(f"z_{p}[{e}]", mu=0.0, sigma=1.0)
-                    theta.append(pm.Deterministic(varying_name(p, e), pt.exp(mu + sigma * z)))
+                    if centred:
+                        log_p = pm.Normal(f"log_{p}[{e}]", mu=mu, sigma=sigma)
+                    else:
+                        log_p = mu + sigma * pm.Normal(f"z_{p}[{e}]", mu=0.0, sigma=1.0)
+                    theta.append(pm.Deterministic(varying_name(p, e), pt.exp(log_p)))
                 elif p in varying:
                     theta.append(own_prior(varying_name(p, e), p))
                 else:
