@@ -54,7 +54,8 @@ def fit_study(
       initial values (latent states) and fixed values, ``posterior=None`` (``fit_kwargs`` are passed
       on: ``draws``, ``kernel``, ``stop`` ...). Each finds its experiment's basin.
     - Each experiment refined alone with every known input (observed states' known initial values,
-      e.g. C(0) = 0, held: :func:`pgpgm.fit` frees them): ``result.separate``.
+      e.g. C(0) = 0, held: :func:`pgpgm.fit` frees them), from its fit's optimum and from the other
+      experiments' median: ``result.theta("separate")``.
     - Step 3, a joint least-squares refinement (:mod:`pgpgm.study.joint`): shared parameters once,
       ``varying`` and ``hierarchical`` ones per experiment, one noise sd per observed state shared by the
       experiments (estimated unless ``noise_sd`` gives it); started from each experiment's own
@@ -198,8 +199,8 @@ _TIE = 1e-6
 
 
 def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd) -> JointRefinement:
-    """Experiment j refined alone with its known inputs, from its own fit's optimum and from every other
-    experiment's (their parameters, j's fixed values): the best NLL; among optima within :data:`_TIE` of it
+    """Experiment j refined alone with its known inputs, from its own fit's optimum and from the median of the
+    other experiments' (j's fixed values held): the best NLL; among optima within :data:`_TIE` of it
     (a symmetry of the model: pk-oral's curve is the same with ka and ke swapped), the one nearest, in log
     parameters, to the other experiments' median - the branch consistent with the study."""
     own = tuple(p for p in system.parameters if p not in e.fixed)
@@ -207,16 +208,20 @@ def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds,
                       tuple(system.states))
     jp = JointProblem((problems[j],), lay, observations[j].states, bounds)
     sd = None if given_sd is None else np.array([given_sd[s] for s in observations[j].states])
-    order = [j] + [k for k in range(len(fits)) if k != j]
+    starts = [fits[j].theta]
+    others = None
+    if len(fits) > 1:
+        others = np.median([f.theta for k, f in enumerate(fits) if k != j], axis=0)
+        starts.append(others)
     outs = []
-    for k in order:
-        theta = np.array([e.fixed.get(p, v) for p, v in zip(system.parameters, fits[k].theta)])
+    for theta in starts:
+        theta = np.array([e.fixed.get(p, v) for p, v in zip(system.parameters, theta)])
         outs.append(refine_joint(jp, lay.pack([theta], [x0s[j]], theta), sd))
     best = min(r.nll for r in outs)
     tied = [r for r in outs if r.nll <= best + _TIE * max(1.0, abs(best))]
-    if len(tied) > 1 and len(fits) > 1:
-        others = np.log(np.maximum(np.median([f.theta for k, f in enumerate(fits) if k != j], axis=0), 1e-300))
-        return min(tied, key=lambda r: float(np.sum((np.log(np.maximum(r.thetas[0], 1e-300)) - others) ** 2)))
+    if len(tied) > 1 and others is not None:
+        log_others = np.log(np.maximum(others, 1e-300))
+        return min(tied, key=lambda r: float(np.sum((np.log(np.maximum(r.thetas[0], 1e-300)) - log_others) ** 2)))
     return tied[0]
 
 
