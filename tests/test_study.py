@@ -176,11 +176,11 @@ def _population(pk, n, seed):
     return study, mu
 
 
-def _hierarchical_covers(pk, n, seed, draws):
+def _hierarchical_covers(pk, n, seed, draws, centred=False, chains=2):
     study, mu = _population(pk, n, seed)
     res = pgpgm.fit_study(pk.system, study, hierarchical={"ka": "lognormal"}, priors=pk.priors(),
-                          posterior=pgpgm.NUTS(draws=draws, tune=draws, chains=2, budget=240), seed=seed,
-                          fit_kwargs={"draws": 300, "tune": 200})
+                          posterior=pgpgm.NUTS(draws=draws, tune=draws, chains=chains, budget=240), seed=seed,
+                          centred=centred, fit_kwargs={"draws": 300, "tune": 200})
     draws_mu = res.posterior.posterior["mu_ka"].values.ravel()
     lo, hi = np.quantile(draws_mu, [0.03, 0.97])
     assert lo <= mu <= hi, (lo, mu, hi)
@@ -190,17 +190,24 @@ def _hierarchical_covers(pk, n, seed, draws):
     return res
 
 
-def test_hierarchical_posterior_covers_population_truth_small(pk):
+def test_hierarchical_posterior_covers_population_truth_small(pk, tmp_path):
     """4 subjects, short chains: the population mean of log ka lies in its 94 % interval."""
     res = _hierarchical_covers(pk, 4, seed=1, draws=250)
     assert {"mu_ka", "sigma_ka", "ke", "CL", "sigma_C"} <= set(res.posterior.posterior.data_vars)
     assert res.theta("posterior").shape == (4, 3)
+    # the posterior mean of ka[e] is that of exp(mu + sigma z[e])
+    post = res.posterior.posterior
+    ka0 = np.exp(post["mu_ka"] + post["sigma_ka"] * post["z_ka[s0]"]).mean()
+    assert res.theta("posterior").loc["s0", "ka"] == pytest.approx(float(ka0), rel=1e-9)
+    back = pgpgm.load_study(res.save(tmp_path / "h.nc"))
+    pd.testing.assert_frame_equal(back.population, res.population)
+    np.testing.assert_array_equal(back.posterior.posterior["mu_ka"].values, post["mu_ka"].values)
 
 
 @pytest.mark.slow
 def test_hierarchical_posterior_covers_population_truth_8(pk):
-    res = _hierarchical_covers(pk, 8, seed=2, draws=500)
-    assert not res.convergence_problems()
+    res = _hierarchical_covers(pk, 8, seed=2, draws=500, centred=True, chains=4)
+    assert not res.convergence_problems(), res.convergence_problems()
 
 
 # ----------------------------------------------------------------------------- bad inputs
