@@ -14,7 +14,8 @@ The package reads as the pipeline, each layer importing only the ones above it i
 - ``posterior/`` - step 4, NUTS on the ODE model within a budget, diagnostics;
 - ``stopping`` - step 2's default stop rule, which runs step 3's refinement;
 - the application: ``plots``, ``result``, ``logscale``, ``simulate``, ``spec`` (model files),
-  ``pipeline`` (:func:`fit`, a composition of the steps), ``batch`` (many fits), ``cli``.
+  ``pipeline`` (:func:`fit`, a composition of the steps), ``study`` (many experiments in one fit,
+  hierarchical parameters: :func:`fit_study`), ``batch`` (many fits), ``cli``.
 
 The public API below is loaded on first use (SPEC 1, ``lazy_loader``): ``import pgpgm`` and
 ``pgpgm --help`` do not import PyMC, ArviZ and SymPy (~3 s); the first ``pgpgm.fit`` (or any
@@ -26,7 +27,7 @@ import lazy_loader as _lazy
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
     submodules=["batch", "codegen", "data", "datasets", "errors", "gp", "matching", "ode", "pipeline", "posterior",
-                "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping"],
+                "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping", "study"],
     submod_attrs={
         "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
         "data": ["Observations"],
@@ -46,6 +47,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "simulate": ["simulate"],
         "spec": ["Experiment", "ModelSpec", "available_models", "load_model"],
         "stopping": ["RefinedAgreement"],
+        "study": ["Study", "StudyExperiment", "StudyResult", "fit_study", "load_study"],
         "solve": ["CVODE", "LSODA", "Integrator", "SksundaeCVODE", "Solver", "available_solvers", "default_solver"],
         "solve.op": ["ODEOp"],
         "versions": ["show_versions"],

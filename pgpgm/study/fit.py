@@ -1,0 +1,320 @@
+"""Many experiments in one fit (:func:`fit_study`): steps 1-2 per experiment, step 3 and step 4 joint."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConvergenceWarning, DataError
+from ..ode.system import ODESystem
+from ..pipeline import NUTS, fit
+from ..posterior.diagnostics import diagnose, warn_if_unconverged
+from ..posterior.nuts import PosteriorBudget, posterior_notes, run_nuts
+from ..priors import Priors
+from ..refinement import LeastSquaresProblem
+from ..solve import Integrator, Solver, default_solver
+from .design import Study
+from .joint import JointLayout, JointProblem, JointRefinement, refine_joint
+from .model import build_study_model, check_hierarchical, varying_name, x0_name
+from .result import StudyResult
+
+_DENSE = 200  # points per experiment of the plotted trajectories
+#: step 4's default budget for a study (a joint model costs K solves per gradient)
+STUDY_BUDGET = PosteriorBudget(300.0, None)
+
+
+def fit_study(
+    system: ODESystem,
+    study: Study,
+    *,
+    varying: Sequence[str] = (),
+    hierarchical: Mapping[str, str] | None = None,
+    priors=None,
+    noise_sd: float | Mapping[str, float] | None = None,
+    seed: int = 0,
+    posterior: str | NUTS | None = "nuts",
+    posterior_draws: int = 500,
+    posterior_tune: int = 500,
+    posterior_chains: int = 4,
+    posterior_budget: PosteriorBudget | float | None = STUDY_BUDGET,
+    cores: int | None = None,
+    solver: Solver | None = None,
+    population_priors: Mapping[str, Any] | None = None,
+    centred: bool = False,
+    progressbar: bool = False,
+    fit_kwargs: Mapping[str, Any] | None = None,
+) -> StudyResult:
+    """Fit every experiment of ``study`` together.
+
+    - Steps 1-2 (and 3) per experiment: :func:`pgpgm.fit` of each experiment's data with its known
+      initial values (latent states) and fixed values, ``posterior=None`` (``fit_kwargs`` are passed
+      on: ``draws``, ``kernel``, ``stop`` ...). Each finds its experiment's basin.
+    - Each experiment refined alone with every known input (observed states' known initial values,
+      e.g. C(0) = 0, held: :func:`pgpgm.fit` frees them), from its fit's optimum and from the other
+      experiments' median: ``result.theta("separate")``.
+    - Step 3, a joint least-squares refinement (:mod:`pgpgm.study.joint`): shared parameters once,
+      ``varying`` and ``hierarchical`` ones per experiment, one noise sd per observed state shared by the
+      experiments (estimated unless ``noise_sd`` gives it); started from each experiment's own
+      optimum and from their mean (shared parameters; the varying ones from each experiment's own),
+      keeping the best likelihood.
+    - Step 4, NUTS on one joint ``pm.Model`` (:func:`pgpgm.study.model.build_study_model`; rounds and
+      budget of :func:`pgpgm.posterior.nuts.run_nuts`), started at the joint optimum; hierarchical
+      parameters (``{"ka": "lognormal"}``: log ka[e] = mu_ka + sigma_ka z_ka[e], non-centred) start with
+      z[e] from the refined values, mu and sigma from their log mean and sd.
+
+    Parameters
+    ----------
+    system : the ODESystem shared by the experiments
+    study : a :class:`Study`
+    varying : parameters with an unknown value per experiment (the others are shared)
+    hierarchical : parameter -> ``"lognormal"``: per experiment, around an unknown population
+    priors : the parameters' priors as in :func:`pgpgm.fit` (a Uniform box bounds the refinements)
+    noise_sd : known noise sd (one number, or by observed state)
+    posterior : ``"nuts"`` (with ``posterior_*``, ``cores``), a :class:`pgpgm.NUTS`, or None (steps 1-3 only)
+    population_priors : callables ``name -> PyMC variable`` for ``mu_<p>`` / ``sigma_<p>`` (default
+        Normal(0, 3) and HalfNormal(1) on the log scale)
+    centred : hierarchical parameters as ``log_<p>[<e>] ~ Normal(mu, sigma)`` (centred) instead of the
+        default non-centred ``z_<p>[<e>]``; better when each experiment's data determine its value well
+
+    Returns
+    -------
+    StudyResult
+
+    Raises
+    ------
+    DataError : before any computation: a study that is not a :class:`Study`, unusable data in an
+        experiment, a ``varying`` or ``hierarchical`` name that is not a parameter, an unknown population
+        kind, a parameter both varying and hierarchical, a bad ``noise_sd``.
+    """
+    t_start = time.perf_counter()
+    if not isinstance(system, ODESystem):
+        raise DataError(f"system must be a pgpgm.ODESystem (e.g. pgpgm.load_model(name).system), got "
+                        f"{type(system).__name__}")
+    if not isinstance(study, Study):
+        raise DataError(f"study must be a pgpgm.Study (Study.from_tidy / Study.from_mapping), got {type(study).__name__}")
+    varying = (varying,) if isinstance(varying, str) else tuple(varying)
+    bad = [p for p in varying if p not in system.parameters]
+    if bad:
+        raise DataError(f"varying names {bad}, which are not parameters of {system.name}; its parameters are "
+                        f"{list(system.parameters)}")
+    hier = check_hierarchical(system, hierarchical, varying)
+    for p in (*varying, *hier):
+        if all(p in e.fixed for e in study.experiments):
+            raise DataError(f"{p!r} is fixed in every experiment, so it cannot vary by experiment")
+    observations = study.check(system)
+    observed = tuple(dict.fromkeys(s for o in observations for s in o.states))
+    prior = Priors.from_user(system.parameters, priors)
+    given_sd = _noise_sd(noise_sd, observed)
+    if isinstance(posterior, str) and posterior == "nuts":
+        posterior = NUTS(posterior_draws, posterior_tune, posterior_chains, budget=posterior_budget, cores=cores)
+    elif posterior is not None and not isinstance(posterior, NUTS):
+        raise DataError(f"posterior must be 'nuts', None or pgpgm.NUTS(...), got {posterior!r}")
+    fit_kwargs = dict(fit_kwargs or {})
+    clash = {"x0", "fixed", "posterior", "observed"} & set(fit_kwargs)
+    if clash:
+        raise DataError(f"fit_kwargs must not hold {sorted(clash)}: the study gives them")
+    solver = solver or default_solver()
+    timings: dict[str, float] = {}
+
+    # steps 1-2 (and fit's own step 3) per experiment: each experiment's basin
+    t0 = time.perf_counter()
+    fits = []
+    for e in study.experiments:
+        with warnings.catch_warnings():  # step 2's chains stop early by design: only the basin matters here
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fits.append(fit(system, e.data, study.observed, x0=dict(e.x0), fixed=dict(e.fixed) or None, priors=priors,
+                            noise_sd=given_sd and [given_sd[s] for s in _states_of(e, observations, study)],
+                            posterior=None, seed=seed, solver=solver, progressbar=progressbar, **fit_kwargs))
+    timings["steps 1-2"] = time.perf_counter() - t0
+
+    # each experiment alone with every known input, then step 3 jointly
+    t0 = time.perf_counter()
+    names = study.names
+    K, S = len(names), system.n_states
+    x0s, free = [], []
+    for e, obs, r in zip(study.experiments, observations, fits):
+        x = np.array([e.x0.get(s, r.x0[s]) for s in system.states], float)
+        x0s.append(x)
+        free.append(tuple(i for i, s in enumerate(system.states) if s not in e.x0))
+    problems = tuple(LeastSquaresProblem(Integrator(system, obs.times, solver), obs.values,
+                                         system.index_of_states(obs.states), 1.0, x0s[j], free_x0=free[j])
+                     for j, obs in enumerate(observations))
+    bounds = prior.bounds
+    separate = [_refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd)
+                for j, e in enumerate(study.experiments)]
+    timings["separate refinement"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    var_all = (*varying, *hier)
+    shared = tuple(p for p in system.parameters if p not in var_all and not all(p in e.fixed for e in study.experiments))
+    layout = JointLayout(tuple(system.parameters), shared, tuple(p for p in system.parameters if p in var_all), names,
+                         tuple(dict(e.fixed) for e in study.experiments), tuple(free), tuple(system.states))
+    joint = JointProblem(problems, layout, observed, bounds)
+    thetas = [s.thetas[0] for s in separate]
+    own_x0 = [s.x0s[0] for s in separate]
+    starts = {f"experiment {e}": layout.pack(thetas, own_x0, thetas[j]) for j, e in enumerate(names)}
+    if K > 1:
+        starts["mean"] = layout.pack(thetas, own_x0, np.nanmean(np.array(thetas), axis=0))
+    sd = None if given_sd is None else np.array([given_sd[s] for s in observed])
+    refinements = {k: refine_joint(joint, q, sd) for k, q in starts.items()}
+    best = min(refinements.values(), key=lambda r: r.nll)
+    timings["joint refinement"] = time.perf_counter() - t0
+    timings["steps 1-3"] = time.perf_counter() - t_start
+
+    # step 4: the joint model
+    tree, model, diag = None, None, None
+    if posterior is not None:
+        t0 = time.perf_counter()
+        model = build_study_model(system, observations, names, best.x0s, free,
+                                  [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
+                                  priors=prior, noise_center=dict(zip(observed, best.noise_sd)),
+                                  noise_sd=given_sd, solver=solver, population_priors=population_priors,
+                                  centred=centred)
+        n_obs = {s: int(sum(o.n_obs[o.states.index(s)] for o in observations if s in o.states)) for s in observed}
+        center, spread = _start(system, layout, best, hier, varying, shared, observed, free, given_sd, n_obs, centred)
+        covariance = _covariance(best, layout, hier, centred)
+        run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
+                       cores=posterior.cores, seed=seed, nuts_sampler=posterior.sampler, max_rounds=posterior.rounds,
+                       progressbar=progressbar, budget=posterior.budget, warn=False)
+        tree = run.tree
+        free_names = [rv.name for rv in model.free_RVs]
+        diag = diagnose(tree, free_names)
+        warn_if_unconverged(diag, "NUTS (study)", notes=posterior_notes(tree), stacklevel=2)
+        timings["posterior"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    solves = {"steps 1-3 per experiment": int(sum(sum(r.n_ode_solves.values()) for r in fits)),
+              "separate refinement": int(sum(s.n_solves for s in separate)),
+              "joint refinement": int(sum(r.n_solves for r in refinements.values()))}
+    return StudyResult.assemble(system=system, names=names, observations=observations, fits=tuple(fits),
+                                separate=tuple(separate), joint=best, refinements=refinements, layout=layout,
+                                hierarchical=hier, varying=varying, tree=tree, model=model, diagnostics=diag,
+                                solver=solver, dense_points=_DENSE, timings=timings, n_ode_solves=solves)
+
+
+#: optima whose NLLs differ by less than this are equally good (a symmetry of the model, e.g. ka <-> ke)
+_TIE = 1e-6
+
+
+def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd) -> JointRefinement:
+    """Experiment j refined alone with its known inputs, from its own fit's optimum and from the median of the
+    other experiments' (j's fixed values held): the best NLL; among optima within :data:`_TIE` of it
+    (a symmetry of the model: pk-oral's curve is the same with ka and ke swapped), the one nearest, in log
+    parameters, to the other experiments' median - the branch consistent with the study."""
+    own = tuple(p for p in system.parameters if p not in e.fixed)
+    lay = JointLayout(tuple(system.parameters), own, (), (e.name,), (dict(e.fixed),), (free[j],),
+                      tuple(system.states))
+    jp = JointProblem((problems[j],), lay, observations[j].states, bounds)
+    sd = None if given_sd is None else np.array([given_sd[s] for s in observations[j].states])
+    starts = [fits[j].theta]
+    others = None
+    if len(fits) > 1:
+        others = np.median([f.theta for k, f in enumerate(fits) if k != j], axis=0)
+        starts.append(others)
+    outs = []
+    for theta in starts:
+        theta = np.array([e.fixed.get(p, v) for p, v in zip(system.parameters, theta)])
+        outs.append(refine_joint(jp, lay.pack([theta], [x0s[j]], theta), sd))
+    best = min(r.nll for r in outs)
+    tied = [r for r in outs if r.nll <= best + _TIE * max(1.0, abs(best))]
+    if len(tied) > 1 and others is not None:
+        log_others = np.log(np.maximum(others, 1e-300))
+        return min(tied, key=lambda r: float(np.sum((np.log(np.maximum(r.thetas[0], 1e-300)) - log_others) ** 2)))
+    return tied[0]
+
+
+def _covariance(best: JointRefinement, layout: JointLayout, hier, centred: bool):
+    """The joint refinement's covariance by step 4's variable names (shared and varying parameters, free initial
+    values; a centred hierarchical value as its log): the dense seed of the NUTS mass matrix. None when it is
+    not finite (then a diagonal seed from the standard errors)."""
+    if best.covariance is None or not np.all(np.isfinite(best.covariance)):
+        return None
+    names, scale = [], np.ones(len(best.names))
+    for i, n in enumerate(best.names):
+        if n.startswith("x0["):  # x0[s][e] -> s_0[e]
+            s, e = n[3:].split("][", 1)
+            names.append(x0_name(s, e[:-1]))
+            continue
+        p = n.split("[", 1)[0]
+        if p in hier:
+            if not centred:
+                names.append(f"_not_sampled_{i}")  # the non-centred z depends on mu and sigma: left out
+                continue
+            names.append(f"log_{n}")
+            scale[i] = 1.0 / best.q[i]
+        else:
+            names.append(n)
+    return names, best.covariance * np.outer(scale, scale)
+
+
+def _states_of(e, observations, study) -> tuple[str, ...]:
+    return observations[study.names.index(e.name)].states
+
+
+def _noise_sd(noise_sd, observed: tuple[str, ...]) -> dict[str, float] | None:
+    if noise_sd is None:
+        return None
+    if isinstance(noise_sd, Mapping):
+        missing = [s for s in observed if s not in noise_sd]
+        if missing or set(noise_sd) - set(observed):
+            raise DataError(f"noise_sd must give one sd per observed state {list(observed)}, got {dict(noise_sd)}")
+        values = {s: noise_sd[s] for s in observed}
+    else:
+        values = {s: noise_sd for s in observed}
+    out = {}
+    for s, v in values.items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise DataError(f"noise_sd of {s} must be a positive number, got {v!r}") from None
+        if not (np.isfinite(f) and f > 0):
+            raise DataError(f"noise_sd of {s} must be a positive number, got {v!r}")
+        out[s] = f
+    return out
+
+
+def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, observed, free,
+           given_sd, n_obs: Mapping[str, int], centred: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Step 4's centre and spread by variable name: the joint optimum and its standard errors; hierarchical
+    parameters from the refined values: mu, sigma their log mean and sd, z[e] the standardised logs."""
+    center, sd = {}, {}
+
+    def se_or(name, value):
+        s = best.stderr[best.names.index(name)] if name in best.names else np.nan
+        return float(s) if np.isfinite(s) and s > 0 else 0.1 * max(abs(value), 1e-3)
+
+    for p in shared:
+        center[p] = best.value(p)
+        sd[p] = se_or(p, center[p])
+    for j, e in enumerate(layout.experiments):
+        for p in varying:
+            if p not in layout.fixed[j]:
+                n = varying_name(p, e)
+                center[n] = best.value(n)
+                sd[n] = se_or(n, center[n])
+        for i in free[j]:
+            s = system.states[i]
+            n = f"x0[{s}][{e}]"
+            center[x0_name(s, e)] = best.value(n)
+            sd[x0_name(s, e)] = se_or(n, center[x0_name(s, e)])
+    K = len(layout.experiments)
+    for p in hier:
+        keys = [(e, varying_name(p, e)) for j, e in enumerate(layout.experiments) if p not in layout.fixed[j]]
+        logs = np.log(np.maximum([best.value(n) for _, n in keys], 1e-300))
+        mu, sig = float(np.mean(logs)), float(max(np.std(logs), 0.05))
+        center[f"mu_{p}"], sd[f"mu_{p}"] = mu, sig / np.sqrt(max(K, 1))
+        center[f"sigma_{p}"], sd[f"sigma_{p}"] = sig, sig / np.sqrt(2 * max(K, 1))
+        for (e, n), lv in zip(keys, logs):
+            rel = se_or(n, best.value(n)) / max(best.value(n), 1e-300)
+            if centred:
+                center[f"log_{p}[{e}]"], sd[f"log_{p}[{e}]"] = float(lv), float(min(max(rel, 0.01), 1.0))
+            else:
+                center[f"z_{p}[{e}]"] = (lv - mu) / sig
+                sd[f"z_{p}[{e}]"] = float(min(max(rel / sig, 0.05), 1.0))
+    if given_sd is None:
+        for s, v in zip(observed, best.noise_sd):
+            center[f"sigma_{s}"] = float(v)
+            sd[f"sigma_{s}"] = float(v) / np.sqrt(2 * n_obs[s])
+    return center, sd
