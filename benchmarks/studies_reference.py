@@ -475,8 +475,12 @@ def summary() -> str:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    if "--summary" not in sys.argv:
+    first, _, rest = (__doc__ or "").strip().partition("\n")
+    ap = argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--summary", action="store_true", help="only rewrite results/studies_reference.md from the "
+                    "stored JSON files (no computation)")
+    if not ap.parse_args().summary:
         main()
     (RESULTS / "studies_reference.md").write_text(summary())
