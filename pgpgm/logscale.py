@@ -289,7 +289,7 @@ def measurement_noise(noise, obs: Observations, noise_sd, scales: Scales | None)
         if name == "negbin" and not isinstance(spec[s], str):
             known[m] = spec[s].alpha
         elif name in ("normal", "lognormal"):
-            if not isinstance(spec[s], str) and s not in on_log:
+            if not isinstance(spec[s], str):  # a lognormal object's sd is of log y on either path
                 known[m] = spec[s].sd
             elif given is not None:
                 known[m] = given[m]

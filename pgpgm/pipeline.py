@@ -499,7 +499,9 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
                     and plan is None)
     if plan is not None and matched.own_rule and last is not None and not on_log:
         # the stop rule refined a Gaussian problem: its optima start this likelihood's refinement too
-        fit_q = lambda q: q if q.size == len(problem.q_names) else q[:system.n_parameters]  # noqa: E731
+        def fit_q(q: np.ndarray) -> np.ndarray:  # the stop rule's q, or its theta where x0 is held here
+            return q if q.size == len(problem.q_names) else q[:system.n_parameters]
+
         starts["Gaussian optimum"] = fit_q(np.array(last.best_q))
         if last.box_q:
             starts["box search's Gaussian optimum"] = fit_q(np.array(last.box_q))
@@ -622,9 +624,10 @@ def _known_observed_x0(values, states, scales) -> dict[str, float]:
     if unknown:
         raise DataError(f"x0_observed names {unknown}, which are not observed states {list(states)}; give latent "
                         "states' initial values in x0")
-    if scales is not None:
-        raise DataError("x0_observed cannot be combined with states on the log scale (transform='log'); "
-                        "give the measurement noise model alone (noise={state: 'lognormal'})")
+    on_log = [k for k in values if scales is not None and k in scales.likelihood_scale.states]
+    if on_log:
+        raise DataError(f"x0_observed names {on_log}, whose likelihood is on the log scale (lognormal noise with "
+                        "transform='log'); give the measurement noise model alone (noise={state: 'lognormal'})")
     out = {}
     for k, v in values.items():
         a = as_float_array(v, f"x0_observed[{k}]")

@@ -55,7 +55,7 @@ def _lognormal_reference(t, y, dose, n_starts=30, seed=0):
     for _ in range(n_starts):
         q0 = np.log([rng.uniform(0.3, 5.0), rng.uniform(0.01, 0.3), rng.uniform(0.005, 0.2)])
         r = optimize.least_squares(res, q0, xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=3000)
-        ka, ke, cl = np.exp(r.x)
+        ka, ke, _ = np.exp(r.x)
         if ka < ke:  # the (ka, ke)-symmetric branch: report ka > ke (the priors' ke <= 1 side)
             continue
         rss = float(r.fun @ r.fun)
@@ -273,3 +273,35 @@ def test_bad_x0_observed_is_a_data_error():
         pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"S": 1.0}, draws=10, tune=10)
     with pytest.raises(DataError, match="finite"):
         pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": np.nan}, draws=10, tune=10)
+
+
+# ------------------------------------------------------------------ the whole fit with step 4 (slow)
+@pytest.mark.slow
+def test_flu_negbin_fit_with_nuts_samples_alpha_around_the_refined_optimum():
+    t, y = _flu()
+    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
+             noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, seed=1, posterior_draws=300,
+             posterior_tune=300, posterior_chains=2, cores=1)
+    post = r.posterior.posterior
+    assert "alpha_I" in post and "I_0" not in post  # alpha free, I(0) held
+    for k, p in enumerate(SIR.parameters):  # the posterior sits on the refined optimum's basin
+        draws = post[p].values.ravel()
+        assert abs(np.mean(draws) - r.theta[k]) < 3 * np.std(draws), (p, np.mean(draws), r.theta[k])
+
+
+def test_lognormal_measurement_model_and_log_scale_state_have_one_optimum(lv):
+    """noise="lognormal" alone (the state on its own scale) and with transform="log" (the state on the log
+    scale, Gaussian on log y) are the same likelihood: one optimum, nll equal up to sum(log y)."""
+    theta, x0 = np.array([2.0, 1.0, 4.0, 1.0]), np.array([5.0, 3.0])
+    t = np.linspace(0.0, 2.0, 20)
+    y = pgpgm.simulate(lv.system, theta, x0, t, observed=["x1"], noise_sd=0.1, noise="lognormal", seed=3)["y"].values
+    bounds = [[0.0, 10.0]] * 4
+    natural = refine(LeastSquaresProblem(pgpgm.Integrator(lv.system, t), y, (0,), 0.2, x0, noise=("lognormal",),
+                                         free_x0=(0,)), [1.5, 1.5, 3.0, 1.5], bounds, estimate_noise=True)
+    logged = pgpgm.log_transform(lv.system, ["x1", "x2"])
+    on_log = refine(LeastSquaresProblem(pgpgm.Integrator(logged, t), np.log(y), (0,), 0.2, np.log(x0), free_x0=(0,)),
+                    [1.5, 1.5, 3.0, 1.5], bounds, estimate_noise=True)
+    np.testing.assert_allclose(natural.theta, on_log.theta, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(natural.x0[0], np.exp(on_log.x0[0]), rtol=1e-4)
+    np.testing.assert_allclose(natural.noise_sd, on_log.noise_sd, rtol=1e-4)
+    assert natural.nll == pytest.approx(on_log.nll + np.log(y).sum(), abs=1e-5)
