@@ -147,7 +147,9 @@ def test_joint_model_log_density_equals_scipy(pk, centred):
     value = logp(model.initial_point() | {model.rvs_to_values[rv].name: _to_value(model, rv, point[rv.name])
                                           for rv in model.free_RVs})
     expect = stats.norm(0, 3).logpdf(0.3) + stats.halfnorm(scale=1).logpdf(0.4)
-    expect += stats.uniform(0, 1).logpdf(0.09) + stats.uniform(0, 0.5).logpdf(0.045)
+    bounds = pk.priors()  # the model file's Uniform boxes
+    expect += sum(stats.uniform(bounds[p][0], bounds[p][1] - bounds[p][0]).logpdf(v) for p, v in (("ke", 0.09),
+                                                                                                  ("CL", 0.045)))
     expect += stats.lognorm(s=2.0, scale=0.3).logpdf(0.35)
     for n, z in zip(names, (-0.5, 0.2, 1.1)):
         ka = np.exp(0.3 + 0.4 * z)
