@@ -172,7 +172,7 @@ def reference_model(key: str, numbers: dict[str, Any], parameters: list[str]):
 
 
 def run_reference(key: str, numbers: dict[str, Any], parameters: list[str], start: dict[str, float], *,
-                  chains: int, warmup: int, draws: int, seed: int) -> dict[str, Any]:
+                  chains: int, warmup: int, draws: int, seed: int, target_accept: float = 0.8) -> dict[str, Any]:
     """Chains of numpyro NUTS, one after another; samples (chains, draws), diagnostics, times."""
     import jax
     import numpyro
@@ -180,7 +180,7 @@ def run_reference(key: str, numbers: dict[str, Any], parameters: list[str], star
     from numpyro.infer import MCMC, NUTS, init_to_value
 
     model, *_ = reference_model(key, numbers, parameters)
-    kernel = NUTS(model, dense_mass=True, target_accept_prob=0.8, init_strategy=init_to_value(values=start))
+    kernel = NUTS(model, dense_mass=True, target_accept_prob=target_accept, init_strategy=init_to_value(values=start))
     mcmc = MCMC(kernel, num_warmup=warmup, num_samples=draws, num_chains=1, progress_bar=False)
     samples, seconds, extra = [], [], []
     for c in range(chains):
@@ -231,7 +231,7 @@ def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         else:
             start[name] = params[0]
     ref = run_reference(key, numbers, parameters, start, chains=args.chains, warmup=args.warmup, draws=args.draws,
-                        seed=args.seed)
+                        seed=args.seed, target_accept=args.target_accept)
     rows = []
     for name in numbers["free"]:
         p = np.asarray(post[name].values, float).ravel()
@@ -281,6 +281,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target-accept", type=float, default=0.8, help="the reference's NUTS target acceptance")
     ap.add_argument("--from-partial", action="store_true",
                     help="write the result files from results/OUT.partial.jsonl (the cases a cut run finished)")
     args = ap.parse_args()
@@ -306,7 +307,7 @@ def main() -> int:
             harness.append_partial(args.out, row)
         harness.append_partial(args.out, t)
     notes = (f"pgpgm: default `pgpgm.fit` (step 4 NUTS, `posterior_budget={args.budget}`); reference: numpyro "
-             f"{numpyro.__version__} NUTS (dense mass, target accept 0.8), {args.chains} chains x ({args.warmup} "
+             f"{numpyro.__version__} NUTS (dense mass, target accept {args.target_accept}), {args.chains} chains x ({args.warmup} "
              f"warm-up + {args.draws}) draws, one chain after another; the ODE by diffrax {diffrax.__version__} "
              f"Tsit5, PID rtol = atol = {RTOL:g}; jax {jax.__version__}, float64. Targets: "
              "abs_mean_diff_over_ref_sd <= 0.1, sd_ratio within 0.9-1.1. Times in seconds: pgpgm_step4_s is its "
