@@ -335,7 +335,9 @@ def source_tree(ref: str) -> Path:
 PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
     ("pgpgm.pipeline", None): "posterior.py: the module whose run_nuts it patches for one fit, to capture "
                               "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
-                              "the fit's model",
+                              "the fit's model; posterior_reference.py: "
+                              "the same, to read the numbers of the fit's step-4 model (data, prior centres) for "
+                              "the independent numpyro model",
     ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",

@@ -108,9 +108,12 @@ def test_every_imported_third_party_module_is_a_declared_requirement():
 
 def test_every_extra_is_documented_and_every_documented_extra_exists():
     _, by_extra = _requirements()
-    assert set(OPTIONAL_MODULES.values()) | {"dev", "docs"} == set(by_extra)  # docs: the site, no module of pgpgm
+    # docs: the site; reference: benchmarks/posterior_reference.py's independent sampler (no module of pgpgm)
+    assert set(OPTIONAL_MODULES.values()) | {"dev", "docs", "reference"} == set(by_extra)
     assert by_extra["tables"] == {"tabulate"} and by_extra["nutpie"] == {"nutpie"}
     assert by_extra["dask"] == {"dask"}
+    assert by_extra["reference"] == {"jax", "numpyro", "diffrax"}
+    assert not by_extra["reference"] & by_extra["dev"]  # the tests never need the benchmark's sampler
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings"}
     assert {"pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"} <= by_extra["dev"]
 
