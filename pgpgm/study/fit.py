@@ -128,6 +128,8 @@ def fit_study(
     prior = Priors.from_user(system.parameters, priors)
     given_sd = _noise_sd(noise_sd, observed)
     plan = _noise_plan(noise, observations, observed, given_sd)  # None: Gaussian throughout (the plain path)
+    if plan is not None:
+        _check_known_start(study, observations, plan[0])
     per_experiment = _per_experiment(noise_per_experiment, observed)
     if isinstance(posterior, str) and posterior == "nuts":
         posterior = NUTS(posterior_draws, posterior_tune, posterior_chains, budget=posterior_budget, cores=cores)
@@ -383,7 +385,20 @@ def _noise_plan(noise, observations, observed: tuple[str, ...], given_sd) -> tup
     return {s: names[s] for s in observed}, {s: known[s] for s in observed}
 
 
+def _check_known_start(study: Study, observations, models: Mapping[str, str]) -> None:
+    """A state with a lognormal or count likelihood, measured at its experiment's first time where its known
+    initial value is <= 0, has zero likelihood whatever the parameters: a DataError naming it."""
+    for e, obs in zip(study.experiments, observations):
+        for m, s in enumerate(obs.states):
+            if models[s] != "normal" and s in e.x0 and e.x0[s] <= 0 and obs.mask[0, m]:
+                raise DataError(f"experiment {e.name!r}: {s} is measured ({obs.values[0, m]:g}) at the first time "
+                                f"{obs.times[0]:g}, where its known initial value is {e.x0[s]:g}: under {models[s]} "
+                                "noise the prediction must be > 0 where a value is measured; mark that measurement "
+                                "missing (NaN) or drop it (a pre-dose sample), or use noise='normal' for this state")
+
+
 def _per_experiment(value, observed: tuple[str, ...]) -> tuple[str, ...]:
+    """The observed states whose noise parameter is one per experiment (``noise_per_experiment``)."""
     if value is True:
         return tuple(observed)
     if value is False or value is None:
