@@ -532,7 +532,7 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
         raise UsageError(f"--varying {' '.join(unknown)}: not a parameter of the model {list(parameters)}")
     hierarchical = {}
     for item in a.hierarchical:
-        name, eq, kind = item.partition("=")
+        name, _, kind = item.partition("=")
         if name not in parameters or kind not in ("", "lognormal"):
             raise UsageError(f"--hierarchical {item!r}: expected PARAMETER=lognormal with a parameter of the model "
                              f"{list(parameters)}")

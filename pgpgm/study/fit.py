@@ -20,7 +20,13 @@ from ..refinement import LeastSquaresProblem
 from ..solve import Integrator, Solver, default_solver
 from .design import Study
 from .joint import JointLayout, JointProblem, JointRefinement, refine_joint
-from .model import build_study_model, check_hierarchical, noise_variable, varying_name, x0_name
+from .model import (
+    build_study_model,
+    check_hierarchical,
+    noise_variable,
+    varying_name,
+    x0_name,
+)
 from .result import StudyResult
 
 _DENSE = 200  # points per experiment of the plotted trajectories
