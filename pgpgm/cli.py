@@ -132,9 +132,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--noise-sd", type=_real(positive=True), default=None, help="override the noise sd")
     sampling_options(r)
 
-    f = sub.add_parser("fit", parents=[debug], help="fit a model file to a tidy CSV (columns time,state,value)")
+    f = sub.add_parser("fit", parents=[debug], help="fit a model file to a tidy CSV (columns time,state,value; with "
+                       "an experiment column, every experiment together: pgpgm.fit_study)")
     f.add_argument("--model", required=True, type=Path, help="TOML model file ([equations], parameters, ...)")
-    f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value")
+    f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value, or "
+                   "experiment,time,state,value for a study (many experiments, shared parameters)")
     f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
     f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE",
                    help="initial values of latent states; STATE=LOW:HIGH for an unknown one (a uniform prior)")
@@ -150,6 +152,18 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--gamma", type=_real(), default=None, help="gradient-matching mismatch variance (default 0.3)")
     f.add_argument("--bounds", nargs=2, type=_finite, default=None, metavar=("LOWER", "UPPER"),
                    help="uniform prior bounds for every parameter (default: the file's or 0 10)")
+    f.add_argument("--noise", nargs="+", default=[], metavar="STATE=MODEL",
+                   help="measurement noise model of observed states: normal (default), lognormal, poisson or negbin")
+    g = f.add_argument_group("studies (a --data CSV with an experiment column)")
+    g.add_argument("--inputs", type=Path, default=None,
+                   help="CSV with an experiment column and one row per experiment: known inputs; an --x0 or --fixed "
+                   "VALUE that names one of its columns takes the experiment's value (e.g. --x0 A=dose)")
+    g.add_argument("--varying", nargs="+", default=[], metavar="PARAMETER",
+                   help="parameters with an unknown value per experiment (the others are shared)")
+    g.add_argument("--hierarchical", nargs="+", default=[], metavar="PARAMETER=lognormal",
+                   help="parameters that vary by experiment around an unknown population (log-normal)")
+    g.add_argument("--noise-per-experiment", nargs="*", default=None, metavar="STATE",
+                   help="one noise parameter per experiment (for the STATEs given, or every observed state)")
     sampling_options(f)
 
     b = sub.add_parser("batch", parents=[debug], help="fit a model to many data sets on a dask cluster (a folder of CSVs or one tidy "
@@ -294,8 +308,10 @@ def _check_out_file(out: Path) -> Path:
     return out
 
 
-def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
-    """A tidy CSV (columns ``time,state,value``, one row per measurement) as ``{"time": t, state: values}``.
+def read_tidy_csv(path: Path, states, *, experiment: str | None = None) -> dict:
+    """A tidy CSV (columns ``time,state,value``, one row per measurement) as ``{"time": t, state: values}``;
+    with ``experiment`` (a column name), one such dict per experiment, ``{name: {"time": t, ...}}`` in
+    order of first appearance.
 
     Every row is checked, and an error names the CSV line: a time or value that is empty,
     ``nan``, infinite or not a number, a state the model does not have (``states``), two
@@ -324,15 +340,19 @@ def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
         raise UsageError(f"{path}: the file is empty; give a CSV with the header time,state,value and one row per "
                          "measurement")
     header_line, header = lines[0]
-    missing = [c for c in ("time", "state", "value") if c not in header]
+    needed = ("time", "state", "value") + ((experiment,) if experiment else ())
+    missing = [c for c in needed if c not in header]
     if missing:
         raise UsageError(f"{path}: missing columns {missing} in the header (line {header_line}: {header}); expected "
-                         "a tidy CSV time,state,value")
-    col = {c: header.index(c) for c in ("time", "state", "value")}
-    seen: dict[tuple[float, str], tuple[int, float]] = {}
+                         f"a tidy CSV {','.join(needed)}")
+    col = {c: header.index(c) for c in needed}
+    seen: dict[tuple, tuple[int, float]] = {}
     for n, row in lines[1:]:
         if len(row) != len(header):
             raise UsageError(f"{path} line {n}: {len(row)} fields, the header has {len(header)}")
+        group = row[col[experiment]] if experiment else ""
+        if experiment and not group:
+            raise UsageError(f"{path} line {n}: the {experiment} is empty")
         state = row[col["state"]]
         if not state:
             raise UsageError(f"{path} line {n}: the state is empty")
@@ -351,18 +371,22 @@ def read_tidy_csv(path: Path, states) -> dict[str, np.ndarray]:
                         else f"not a finite number ({text!r})")
                 raise UsageError(f"{path} line {n}: the {c} of state {state} is {what}; every row needs a finite "
                                  f"{c} (remove the row, and that time for every observed state)")
-        key = (number["time"], state)
+        key = (group, number["time"], state)
         if key in seen and seen[key][1] != number["value"]:
             raise UsageError(f"{path} lines {seen[key][0]} and {n}: two different values ({seen[key][1]} and "
-                             f"{number['value']}) for state {state} at time {key[0]}; keep one (e.g. their mean)")
+                             f"{number['value']}) for state {state} at time {key[1]}"
+                             + (f" in {experiment} {group}" if experiment else "") + "; keep one (e.g. their mean)")
         seen.setdefault(key, (n, number["value"]))
     if not seen:
         raise UsageError(f"{path}: no data rows after the header")
-    times = np.array(sorted({t for t, _ in seen}))
-    data = {"time": times}
-    for state in dict.fromkeys(s for _, s in seen):
-        data[state] = np.array([seen[(t, state)][1] if (t, state) in seen else np.nan for t in times])
-    return data
+    out = {}
+    for g in dict.fromkeys(k[0] for k in seen):
+        times = np.array(sorted({t for e, t, _ in seen if e == g}))
+        data = {"time": times}
+        for state in dict.fromkeys(s for e, _, s in seen if e == g):
+            data[state] = np.array([seen[(g, t, state)][1] if (g, t, state) in seen else np.nan for t in times])
+        out[g] = data
+    return out if experiment else out[""]
 
 
 def _x0_arguments(items: list[str], states) -> dict[str, float]:
@@ -420,8 +444,6 @@ def _fit(a) -> int:
     case = spec.case()
     states = spec.system.states
     out = _check_out_folder(a.out or Path("results") / f"{spec.system.name}_fit")
-    x0 = _x0_arguments(a.x0, states)
-    fixed = _fixed_arguments(a.fixed, spec.system.parameters)
     if a.bounds and not a.bounds[0] < a.bounds[1]:
         raise UsageError(f"--bounds {a.bounds[0]} {a.bounds[1]}: LOWER must be less than UPPER")
     if not a.data.is_file():
@@ -429,6 +451,16 @@ def _fit(a) -> int:
     unknown = [n for n in a.lognormal if n not in states]
     if unknown:
         raise UsageError(f"--lognormal {' '.join(unknown)}: not a state of the model {list(states)}")
+    noise = _noise_arguments(a.noise, states)
+    for n in a.lognormal:
+        noise.setdefault(n, "lognormal")
+    if _has_column(a.data, "experiment"):
+        return _fit_study(a, spec, case, out, noise)
+    x0 = _x0_arguments(a.x0, states)
+    fixed = _fixed_arguments(a.fixed, spec.system.parameters)
+    if a.inputs or a.varying or a.hierarchical or a.noise_per_experiment is not None:
+        raise UsageError("--inputs, --varying, --hierarchical and --noise-per-experiment need a study: a --data CSV "
+                         "with an experiment column (experiment,time,state,value)")
     grid = _grid_argument(a.grid)
     data = read_tidy_csv(a.data, states)
     pgpgm.data.as_observations(data, a.observe, spec.system, grid=grid)  # >= 3 points per state etc., before the fit
@@ -440,9 +472,140 @@ def _fit(a) -> int:
                           gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
                           tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
                           progressbar=not a.no_progress, fixed=fixed or None, grid=grid,
-                          noise={n: "lognormal" for n in a.lognormal} or None, **_posterior_options(a))
+                          noise=noise or None, **_posterior_options(a))
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
     return EXIT_OK
+
+
+def _has_column(path: Path, name: str) -> bool:
+    """Whether the CSV's header (its first non-empty line) has the column ``name``."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for row in csv.reader(fh):
+                if any(c.strip() for c in row):
+                    return name in [c.strip() for c in row]
+    except (UnicodeDecodeError, csv.Error):
+        return False  # read_tidy_csv says what is wrong
+    return False
+
+
+def _noise_arguments(items: list[str], states) -> dict[str, str]:
+    noise = {}
+    models = ("normal", "lognormal", "poisson", "negbin")
+    for item in items:
+        name, eq, model = item.partition("=")
+        if not eq or name not in states or model not in models:
+            raise UsageError(f"--noise {item!r}: expected STATE=MODEL with a state of the model {list(states)} and a "
+                             f"model of {list(models)}")
+        noise[name] = model
+    return noise
+
+
+def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
+    """``pgpgm fit`` on a CSV with an experiment column: :func:`pgpgm.fit_study` of every experiment; writes
+    experiments.png (a panel per experiment), parameters.csv (separate, joint and posterior estimates by
+    experiment), summary.md and result.nc (:func:`pgpgm.load_study`)."""
+    import pandas as pd
+
+    states, parameters = spec.system.states, spec.system.parameters
+    if a.posterior == "laplace":
+        raise UsageError("--posterior laplace is not available for a study; use nuts or none")
+    if a.grid:
+        raise UsageError("--grid is not available for a study (each experiment fits on its own times)")
+    data = read_tidy_csv(a.data, states, experiment="experiment")
+    inputs = None
+    if a.inputs is not None:
+        if not a.inputs.is_file():
+            raise UsageError(f"--inputs {a.inputs}: no such file")
+        inputs = pd.read_csv(a.inputs, dtype={"experiment": str})
+        if "experiment" not in inputs.columns:
+            raise UsageError(f"--inputs {a.inputs}: no experiment column (its columns: {list(inputs.columns)})")
+    columns = [] if inputs is None else [c for c in inputs.columns if c != "experiment"]
+    x0 = _input_arguments(a.x0, states, columns, "--x0", "STATE")
+    fixed = _input_arguments(a.fixed, parameters, columns, "--fixed", "PARAMETER")
+    if not x0 and np.isfinite(case.x0).any():
+        x0 = {s: float(v) for s, v in zip(states, case.x0) if np.isfinite(v)}
+    unknown = [p for p in a.varying if p not in parameters]
+    if unknown:
+        raise UsageError(f"--varying {' '.join(unknown)}: not a parameter of the model {list(parameters)}")
+    hierarchical = {}
+    for item in a.hierarchical:
+        name, _, kind = item.partition("=")
+        if name not in parameters or kind not in ("", "lognormal"):
+            raise UsageError(f"--hierarchical {item!r}: expected PARAMETER=lognormal with a parameter of the model "
+                             f"{list(parameters)}")
+        hierarchical[name] = "lognormal"
+    tidy = pd.DataFrame([{"experiment": e, "time": t, "state": s, "value": v}
+                         for e, d in data.items() for s in d if s != "time" for t, v in zip(d["time"], d[s])
+                         if np.isfinite(v)])
+    study = pgpgm.Study.from_tidy(tidy, inputs, x0=x0, fixed=fixed, observed=a.observe)
+    priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
+    draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
+    per = a.noise_per_experiment
+    options = _posterior_options(a)
+    fit_kwargs = {"draws": draws, "tune": a.tune, "chains": a.chains, "stop": a.stop,
+                  "kernel": a.kernel or case.kernel, "gamma": a.gamma if a.gamma is not None else case.gamma}
+    posterior = None if options["posterior"] is None else "nuts"
+    budget = {} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]}
+    try:
+        result = pgpgm.fit_study(spec.system, study, varying=a.varying, hierarchical=hierarchical or None,
+                                 priors=priors, noise=noise or None, seed=a.seed, posterior=posterior,
+                                 posterior_draws=a.posterior_draws, posterior_tune=a.posterior_tune,
+                                 posterior_chains=a.posterior_chains, progressbar=not a.no_progress,
+                                 noise_per_experiment=False if per is None else (per or True),
+                                 fit_kwargs=fit_kwargs, **budget)
+    except (DataError, ModelDefinitionError):
+        raise
+    except Exception as exc:
+        raise FitFailed(f"the study fit failed: {type(exc).__name__}: {exc}") from exc
+    _write_study_outputs(result, out, f"{spec.system.name} fitted to {a.data} ({len(study)} experiments)")
+    return EXIT_OK
+
+
+def _input_arguments(items: list[str], names, columns: list[str], option: str, what: str) -> dict:
+    """``NAME=VALUE`` items; a VALUE that is a column of the inputs table stays its name (per experiment)."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or name not in names:
+            raise UsageError(f"{option} {item!r}: expected {what}=VALUE (or {what}=COLUMN of --inputs) with "
+                             f"{what.lower()} one of {list(names)}")
+        if value in columns:
+            out[name] = value
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise UsageError(f"{option} {item!r}: {value!r} is neither a number nor a column of --inputs "
+                             f"{columns}") from None
+        if not np.isfinite(out[name]):
+            raise UsageError(f"{option} {item!r}: the value must be finite")
+    return out
+
+
+def _write_study_outputs(result, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    result.plot().savefig(out / "experiments.png", dpi=120)
+    table = result.estimates["theta"].to_dataframe().unstack("parameter")["theta"]
+    table.to_csv(out / "parameters.csv")
+    result.save(out / "result.nc")
+    pop = result.population
+    lines = [f"# {title}", "", "## Parameters by estimate and experiment", "", _table(table), "",
+             f"joint negative log likelihood: {result.nll:.6g}",
+             *(["", "## Population (log scale)", "", _table(pop)] if not pop.empty else []), "",
+             "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items())]
+    if result.diagnostics is not None:
+        checks = result.convergence_problems()
+        lines += ["", "## Convergence", "", "; ".join(checks) if checks else
+                  "converged (R-hat <= 1.01, ESS >= 400, no divergences)"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"\nwrote {out}/experiments.png, parameters.csv, summary.md, result.nc")
 
 
 def _batch(a) -> int:

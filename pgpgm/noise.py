@@ -115,6 +115,29 @@ def _measured(y) -> np.ndarray:
     return np.flatnonzero(np.isfinite(np.asarray(y, dtype=float)))
 
 
+# the masking of measured entries, one place for every model: missing values (NaN) contribute nothing
+def _measured_values(y) -> np.ndarray:
+    """The measured (finite) entries of y as floats."""
+    y = np.asarray(y, dtype=float)
+    return y[np.isfinite(y)]
+
+
+def _at_measured(y, mu, f) -> np.ndarray:
+    """(N,) ``f(y_m, mu_m)`` at the measured entries m of y (y and mu checked by :func:`_pair`), 0 elsewhere."""
+    y, mu, m = _pair(y, mu)
+    out = np.zeros_like(y)
+    out[m] = f(y[m], mu[m])
+    return out
+
+
+def _measured_logp(y, mu, dist, *, counts: bool = False) -> pt.TensorVariable:
+    """sum of ``pm.logp(dist(mu_m), y_m)`` over the measured entries m of y: ``dist`` maps the PyTensor
+    prediction at those entries to a PyMC distribution (``pm.Normal.dist(...)``); counts as int64."""
+    idx = _measured(y)
+    values = np.asarray(y, dtype=float)[idx]
+    return pm.logp(dist(pt.as_tensor_variable(mu)[idx]), values.astype("int64") if counts else values).sum()
+
+
 def _h(z: np.ndarray) -> np.ndarray:
     """(1+z) log(1+z) - z for z >= -1, without cancellation near 0 (a series there)."""
     z = np.asarray(z, dtype=float)
@@ -127,12 +150,9 @@ def _h(z: np.ndarray) -> np.ndarray:
     return out
 
 
-def _deviance_residuals(y: np.ndarray, mu: np.ndarray, half_dev: np.ndarray) -> np.ndarray:
-    """sign(y - mu) sqrt(2 half_dev) at the measured entries, 0 elsewhere."""
-    r = np.zeros_like(y)
-    m = np.isfinite(y)
-    r[m] = np.sign(y[m] - mu[m]) * np.sqrt(2.0 * np.maximum(half_dev[m], 0.0))
-    return r
+def _deviance_residuals(y, mu, half_deviance) -> np.ndarray:
+    """sign(y - mu) sqrt(2 half_deviance(y, mu)) at the measured entries, 0 elsewhere."""
+    return _at_measured(y, mu, lambda a, b: np.sign(a - b) * np.sqrt(2.0 * np.maximum(half_deviance(a, b), 0.0)))
 
 
 # ------------------------------------------------------------------ Gaussian
@@ -159,7 +179,7 @@ class Normal:
 
     def nll_saturated(self, y) -> float:
         """nll at mu = y."""
-        return float(np.isfinite(np.asarray(y, dtype=float)).sum() * (np.log(self.sd) + 0.5 * _LOG_2PI))
+        return float(_measured_values(y).size * (np.log(self.sd) + 0.5 * _LOG_2PI))
 
     def residuals(self, y, mu) -> np.ndarray:
         """(y - mu) / sd (N,), 0 where y is missing."""
@@ -173,10 +193,8 @@ class Normal:
 
     def logp(self, y, mu, **params) -> pt.TensorVariable:
         """sum of pm.logp(pm.Normal.dist(mu, sd), y) over the measured entries; ``sd=`` may be a tensor."""
-        idx = _measured(y)
         sd = params.get("sd", self.sd)
-        return pm.logp(pm.Normal.dist(mu=pt.as_tensor_variable(mu)[idx], sigma=sd),
-                       np.asarray(y, dtype=float)[idx]).sum()
+        return _measured_logp(y, mu, lambda m: pm.Normal.dist(mu=m, sigma=sd))
 
     def gp_transform(self, y) -> np.ndarray:
         """Identity."""
@@ -231,31 +249,22 @@ class LogNormal:
 
     def nll_saturated(self, y) -> float:
         """nll at mu = y."""
-        y = np.asarray(y, dtype=float)
-        m = np.isfinite(y)
-        return float(np.sum(np.log(y[m])) + m.sum() * (np.log(self.sd) + 0.5 * _LOG_2PI))
+        ly = np.log(_measured_values(y))
+        return float(np.sum(ly) + ly.size * (np.log(self.sd) + 0.5 * _LOG_2PI))
 
     def residuals(self, y, mu) -> np.ndarray:
         """(log y - log mu) / sd (N,), 0 where y is missing, +inf where mu <= 0 at a measured y."""
-        y, mu, m = _pair(y, mu)
-        r = np.zeros_like(y)
-        r[m] = (np.log(y[m]) - self._logmu(mu[m])) / self.sd
-        return r
+        return _at_measured(y, mu, lambda a, b: (np.log(a) - self._logmu(b)) / self.sd)
 
     def d_residuals_d_mu(self, y, mu) -> np.ndarray:
         """-1 / (sd mu) (N,), 0 where y is missing."""
-        y, mu, m = _pair(y, mu)
-        d = np.zeros_like(y)
         with np.errstate(divide="ignore"):
-            d[m] = -1.0 / (self.sd * mu[m])
-        return d
+            return _at_measured(y, mu, lambda _, b: -1.0 / (self.sd * b))
 
     def logp(self, y, mu, **params) -> pt.TensorVariable:
         """sum of pm.logp(pm.LogNormal.dist(log mu, sd), y) over the measured entries."""
-        idx = _measured(y)
         sd = params.get("sd", self.sd)
-        return pm.logp(pm.LogNormal.dist(mu=pt.log(pt.as_tensor_variable(mu)[idx]), sigma=sd),
-                       np.asarray(y, dtype=float)[idx]).sum()
+        return _measured_logp(y, mu, lambda m: pm.LogNormal.dist(mu=pt.log(m), sigma=sd))
 
     def gp_transform(self, y) -> np.ndarray:
         """log y (measured y > 0; NaN stays NaN)."""
@@ -305,8 +314,7 @@ class Poisson:
 
     def nll_saturated(self, y) -> float:
         """nll at mu = y."""
-        y = np.asarray(y, dtype=float)
-        y = y[np.isfinite(y)]
+        y = _measured_values(y)
         return float(np.sum(y - special.xlogy(y, y) + special.gammaln(y + 1.0)))
 
     def _half_deviance(self, y, mu):
@@ -314,27 +322,22 @@ class Poisson:
 
     def residuals(self, y, mu) -> np.ndarray:
         """Deviance residuals sign(y - mu) sqrt(2 (y log(y/mu) - (y - mu))) (N,), 0 where missing."""
-        y, mu, m = _pair(y, mu)
-        hd = np.zeros_like(y)
-        hd[m] = self._half_deviance(y[m], mu[m])
-        return _deviance_residuals(y, mu, hd)
+        return _deviance_residuals(y, mu, self._half_deviance)
 
     def d_residuals_d_mu(self, y, mu) -> np.ndarray:
         """dr/dmu = -|z| / sqrt(2 h(z)) / sqrt(mu), z = (y - mu)/mu (limit -1/sqrt(mu) at y = mu)."""
-        y, mu, m = _pair(y, mu)
-        d = np.zeros_like(y)
-        z = (y[m] - mu[m]) / mu[m]
-        h = _h(z)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            g = np.where(z == 0.0, 1.0, np.abs(z) / np.sqrt(2.0 * h))
-        d[m] = -g / np.sqrt(mu[m])
-        return d
+        def d(yy, mm):
+            z = (yy - mm) / mm
+            h = _h(z)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                g = np.where(z == 0.0, 1.0, np.abs(z) / np.sqrt(2.0 * h))
+            return -g / np.sqrt(mm)
+
+        return _at_measured(y, mu, d)
 
     def logp(self, y, mu, **params) -> pt.TensorVariable:
         """sum of pm.logp(pm.Poisson.dist(mu), y) over the measured entries."""
-        idx = _measured(y)
-        return pm.logp(pm.Poisson.dist(mu=pt.as_tensor_variable(mu)[idx]),
-                       np.asarray(y, dtype=float)[idx].astype("int64")).sum()
+        return _measured_logp(y, mu, lambda m: pm.Poisson.dist(mu=m), counts=True)
 
     def gp_transform(self, y) -> np.ndarray:
         """Anscombe's transform 2 sqrt(y + 3/8): roughly N(2 sqrt(mu + 1/8), 1) for mu >~ 5."""
@@ -381,8 +384,7 @@ class NegativeBinomial:
 
     def nll_saturated(self, y) -> float:
         """nll at mu = y."""
-        y = np.asarray(y, dtype=float)
-        y = y[np.isfinite(y)]
+        y = _measured_values(y)
         return float(-np.sum(self._logpmf(y, y)))
 
     def _half_deviance(self, y, mu):
@@ -391,29 +393,25 @@ class NegativeBinomial:
 
     def residuals(self, y, mu) -> np.ndarray:
         """Deviance residuals sign(y - mu) sqrt(2 (y log(y/mu) - (y+alpha) log((y+alpha)/(mu+alpha))))."""
-        y, mu, m = _pair(y, mu)
-        hd = np.zeros_like(y)
-        hd[m] = self._half_deviance(y[m], mu[m])
-        return _deviance_residuals(y, mu, hd)
+        return _deviance_residuals(y, mu, self._half_deviance)
 
     def d_residuals_d_mu(self, y, mu) -> np.ndarray:
         """dr/dmu = -|y - mu| alpha / (mu (mu + alpha) sqrt(dev)) (limit -1/sqrt(mu + mu^2/alpha) at y = mu)."""
-        y, mu, m = _pair(y, mu)
-        d = np.zeros_like(y)
-        yy, mm, a = y[m], mu[m], self.alpha
-        dev = 2.0 * np.maximum(self._half_deviance(yy, mm), 0.0)
-        limit = -1.0 / np.sqrt(mm + mm * mm / a)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            val = -np.abs(yy - mm) * a / (mm * (mm + a) * np.sqrt(dev))
-        d[m] = np.where((yy == mm) | (dev == 0.0), limit, val)
-        return d
+        a = self.alpha
+
+        def d(yy, mm):
+            dev = 2.0 * np.maximum(self._half_deviance(yy, mm), 0.0)
+            limit = -1.0 / np.sqrt(mm + mm * mm / a)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                val = -np.abs(yy - mm) * a / (mm * (mm + a) * np.sqrt(dev))
+            return np.where((yy == mm) | (dev == 0.0), limit, val)
+
+        return _at_measured(y, mu, d)
 
     def logp(self, y, mu, **params) -> pt.TensorVariable:
         """sum of pm.logp(pm.NegativeBinomial.dist(mu=mu, alpha=alpha), y); ``alpha=`` may be a tensor."""
-        idx = _measured(y)
         alpha = params.get("alpha", self.alpha)
-        return pm.logp(pm.NegativeBinomial.dist(mu=pt.as_tensor_variable(mu)[idx], alpha=alpha),
-                       np.asarray(y, dtype=float)[idx].astype("int64")).sum()
+        return _measured_logp(y, mu, lambda m: pm.NegativeBinomial.dist(mu=m, alpha=alpha), counts=True)
 
     def gp_transform(self, y) -> np.ndarray:
         """2 sqrt(alpha) asinh(sqrt((y + 3/8)/alpha)): variance-stabilising (sd ~ 1) for NB counts;

@@ -48,11 +48,11 @@ from scipy import optimize
 from ..errors import DataError, IdentifiabilityWarning, ODESolveError
 from ..noise import NOISE_MODELS, noise_model
 from ..solve import Integrator
+from .noise_estimation import alternate_noise, ml_noise_parameter
 
 _FAILED = 1e6  # scaled residual reported for a failed solve (keeps the optimiser away)
 _NULL_COMPONENT = 1e-6  # a unit null-space direction "involves" an unknown above this component
 _SD_FLOOR = 1e-6  # an estimated sd stays above this fraction of its starting value
-_ALPHA_RANGE = (1e-4, 1e8)  # negbin alpha is estimated within this range (1e8: Poisson to ~1e-8 relative)
 #: the name of each noise model's parameter held in ``noise_sd`` ("" for none)
 _PARAMETER = {"normal": "sd", "lognormal": "sd", "negbin": "alpha", "poisson": ""}
 
@@ -441,29 +441,18 @@ def refine(
                        f"the ODE solve failed at the start q0 = {dict(zip(names, q.round(6).tolist()))} "
                        f"({err}); start from other values")
 
-    rounds, converged, messages = 0, not estimated.any(), []
-    while True:
-        current = problem.with_noise_sd(sd)
-        res = _least_squares(current, q, lo, hi, max_nfev)
-        q = res.x
-        messages.append(str(res.message))
-        if not estimated.any():
-            break
-        rounds += 1
-        new = sd.copy()
+    def solve(q, sd):
+        return _least_squares(problem.with_noise_sd(sd), q, lo, hi, max_nfev)
+
+    def update(q, sd):
         if problem.noise is None:
-            new[estimated] = np.maximum(np.sqrt(problem.rss(q) / problem.n_obs)[estimated], floor[estimated])
-        else:
-            new[estimated] = np.maximum(_ml_noise(problem, q, sd)[estimated], floor[estimated])
-        change = float(np.max(np.abs(new / sd - 1)))
-        sd = new
-        if change <= noise_rtol:
-            converged = True
-            break
-        if rounds >= max_rounds:
-            break
+            return np.sqrt(problem.rss(q) / problem.n_obs)
+        return _ml_noise(problem, q, sd)
+
+    alt = alternate_noise(solve, update, q, sd, estimated, floor, max_rounds=max_rounds, noise_rtol=noise_rtol)
+    q, sd, res, rounds, converged, change = alt.q, alt.params, alt.result, alt.rounds, alt.converged, alt.change
     success = bool(res.success) and converged
-    message = messages[-1]
+    message = str(res.message)
     if estimated.any():
         message += (f"; noise sds converged in {rounds} rounds" if converged else
                     f"; noise sds not converged after {rounds} rounds (last relative change {change:.2g})")
@@ -498,14 +487,8 @@ def refine(
 
 
 def _ml_noise(problem: LeastSquaresProblem, q, params: np.ndarray) -> np.ndarray:
-    """(M,) the maximum-likelihood noise parameter of each state at q for a problem with ``noise``
-    models: sd = sqrt(mean squared residual on the model's scale) for normal and lognormal (closed
-    form), negbin alpha by minimising its nll over log alpha (a 57-point grid over 1e-4..1e8, which
-    finds the basin where the nll flattens towards the Poisson limit, then bounded Brent about the grid's
-    best point). Known limit: the alternation (q for fixed alpha, then alpha) can stop at the Poisson
-    limit alpha -> 1e8 when the data are barely overdispersed, a stationary point in the limit; on
-    simulated Poisson SIR counts (benchmarks/noise_models.py, seed 0) its nll was 1.3e-4 above the
-    joint optimum at alpha ~ finite found by a 3-D multi-start;
+    """(M,) the maximum-likelihood noise parameter of each state at q for a problem with ``noise`` models
+    (:func:`~pgpgm.refinement.noise_estimation.ml_noise_parameter`, its known limit for negbin included);
     ``params`` where the model has none (Poisson) or the solve fails."""
     out = np.array(params, dtype=float)
     try:
@@ -513,23 +496,7 @@ def _ml_noise(problem: LeastSquaresProblem, q, params: np.ndarray) -> np.ndarray
     except ODESolveError:
         return out
     for k, name in enumerate(problem.noise):
-        y, m = problem.y[:, k], problem.mask[:, k]
-        if name == "normal":
-            out[k] = np.sqrt(np.mean((y[m] - mu[m, k]) ** 2))
-        elif name == "lognormal":
-            with np.errstate(all="ignore"):
-                r = np.log(y[m]) - np.log(mu[m, k])
-            if np.all(np.isfinite(r)):
-                out[k] = np.sqrt(np.mean(r**2))
-        elif name == "negbin" and np.all(mu[m, k] > 0):
-            def f(la, y=y, mu_k=mu[:, k]) -> float:
-                return noise_model("negbin", alpha=float(np.exp(la))).nll(y, mu_k)
-            # the nll in log alpha is flat towards the Poisson limit: a grid finds the basin, Brent the point
-            grid = np.linspace(*np.log(_ALPHA_RANGE), 57)
-            j = int(np.argmin([f(g) for g in grid]))
-            lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
-            res = optimize.minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
-            out[k] = float(np.exp(res.x)) if res.fun <= f(grid[j]) else float(np.exp(grid[j]))
+        out[k] = ml_noise_parameter(name, problem.y[:, k], mu[:, k], out[k])
     return out
 
 

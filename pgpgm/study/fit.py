@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConvergenceWarning, DataError
+from ..logscale import measurement_noise
 from ..ode.system import ODESystem
 from ..pipeline import NUTS, fit
 from ..posterior.diagnostics import diagnose, warn_if_unconverged
@@ -19,7 +20,13 @@ from ..refinement import LeastSquaresProblem
 from ..solve import Integrator, Solver, default_solver
 from .design import Study
 from .joint import JointLayout, JointProblem, JointRefinement, refine_joint
-from .model import build_study_model, check_hierarchical, varying_name, x0_name
+from .model import (
+    build_study_model,
+    check_hierarchical,
+    noise_variable,
+    varying_name,
+    x0_name,
+)
 from .result import StudyResult
 
 _DENSE = 200  # points per experiment of the plotted trajectories
@@ -47,6 +54,8 @@ def fit_study(
     centred: bool = False,
     progressbar: bool = False,
     fit_kwargs: Mapping[str, Any] | None = None,
+    noise: str | Mapping[str, Any] | None = None,
+    noise_per_experiment: bool | Sequence[str] = False,
 ) -> StudyResult:
     """Fit every experiment of ``study`` together.
 
@@ -58,7 +67,8 @@ def fit_study(
       experiments' median: ``result.theta("separate")``.
     - Step 3, a joint least-squares refinement (:mod:`pgpgm.study.joint`): shared parameters once,
       ``varying`` and ``hierarchical`` ones per experiment, one noise sd per observed state shared by the
-      experiments (estimated unless ``noise_sd`` gives it); started from each experiment's own
+      experiments (estimated unless ``noise_sd`` gives it; one per experiment for the states of
+      ``noise_per_experiment``), each state's likelihood its ``noise`` model's; started from each experiment's own
       optimum and from their mean (shared parameters; the varying ones from each experiment's own),
       keeping the best likelihood.
     - Step 4, NUTS on one joint ``pm.Model`` (:func:`pgpgm.study.model.build_study_model`; rounds and
@@ -73,7 +83,19 @@ def fit_study(
     varying : parameters with an unknown value per experiment (the others are shared)
     hierarchical : parameter -> ``"lognormal"``: per experiment, around an unknown population
     priors : the parameters' priors as in :func:`pgpgm.fit` (a Uniform box bounds the refinements)
-    noise_sd : known noise sd (one number, or by observed state)
+    noise_sd : known noise sd (one number, or by observed state; of log y for lognormal states), for every
+        experiment
+    noise : the measurement noise model of each observed state, as :func:`pgpgm.fit` takes it: ``"normal"``
+        (default), ``"lognormal"`` (log y ~ N(log x, sd^2) where measured: a state that starts at 0, e.g. an
+        oral dose's concentration, is fine), ``"poisson"``, ``"negbin"`` (PyMC's NB(mu, alpha)), one name
+        for every state or a mapping state -> a name or a :mod:`pgpgm.noise` object (its parameter then
+        known). Steps 1-2 of each experiment fit as :func:`pgpgm.fit` does with it; the separate and
+        joint refinements use the model's residuals (deviance residuals for counts) and estimate its
+        parameter (sd, of log y for lognormal; alpha for negbin; Poisson has none) by maximum
+        likelihood; step 4 its likelihood (``sigma_<s>`` / ``alpha_<s>`` ~ LogNormal(log refined, 2)).
+    noise_per_experiment : True, or the observed states whose noise parameter is one per experiment
+        (labs or assays that differ: ``sigma_<s>[<e>]``, ``alpha_<s>[<e>]``, estimates ``noise_sd`` by
+        experiment); default False: one per observed state, shared by the experiments
     posterior : ``"nuts"`` (with ``posterior_*``, ``cores``), a :class:`pgpgm.NUTS`, or None (steps 1-3 only)
     population_priors : callables ``name -> PyMC variable`` for ``mu_<p>`` / ``sigma_<p>`` (default
         Normal(0, 3) and HalfNormal(1) on the log scale)
@@ -88,7 +110,9 @@ def fit_study(
     ------
     DataError : before any computation: a study that is not a :class:`Study`, unusable data in an
         experiment, a ``varying`` or ``hierarchical`` name that is not a parameter, an unknown population
-        kind, a parameter both varying and hierarchical, a bad ``noise_sd``.
+        kind, a parameter both varying and hierarchical, a bad ``noise_sd``, an unknown noise model or a
+        measurement it cannot explain (counts that are negative or not whole numbers, values <= 0 under
+        lognormal noise), ``noise_per_experiment`` naming a state that is not observed.
     """
     t_start = time.perf_counter()
     if not isinstance(system, ODESystem):
@@ -109,12 +133,16 @@ def fit_study(
     observed = tuple(dict.fromkeys(s for o in observations for s in o.states))
     prior = Priors.from_user(system.parameters, priors)
     given_sd = _noise_sd(noise_sd, observed)
+    plan = _noise_plan(noise, observations, observed, given_sd)  # None: Gaussian throughout (the plain path)
+    if plan is not None:
+        _check_known_start(study, observations, plan[0])
+    per_experiment = _per_experiment(noise_per_experiment, observed)
     if isinstance(posterior, str) and posterior == "nuts":
         posterior = NUTS(posterior_draws, posterior_tune, posterior_chains, budget=posterior_budget, cores=cores)
     elif posterior is not None and not isinstance(posterior, NUTS):
         raise DataError(f"posterior must be 'nuts', None or pgpgm.NUTS(...), got {posterior!r}")
     fit_kwargs = dict(fit_kwargs or {})
-    clash = {"x0", "fixed", "posterior", "observed"} & set(fit_kwargs)
+    clash = {"x0", "fixed", "posterior", "observed", "noise"} & set(fit_kwargs)
     if clash:
         raise DataError(f"fit_kwargs must not hold {sorted(clash)}: the study gives them")
     solver = solver or default_solver()
@@ -123,7 +151,10 @@ def fit_study(
     # steps 1-2 (and fit's own step 3) per experiment: each experiment's basin
     t0 = time.perf_counter()
     fits = []
-    for e in study.experiments:
+    for e, obs in zip(study.experiments, observations):
+        if noise is not None:
+            fit_kwargs["noise"] = {s: v for s, v in noise.items() if s in obs.states} if isinstance(noise, Mapping) \
+                else noise
         with warnings.catch_warnings():  # step 2's chains stop early by design: only the basin matters here
             warnings.simplefilter("ignore", ConvergenceWarning)
             fits.append(fit(system, e.data, study.observed, x0=dict(e.x0), fixed=dict(e.fixed) or None, priors=priors,
@@ -141,10 +172,11 @@ def fit_study(
         x0s.append(x)
         free.append(tuple(i for i, s in enumerate(system.states) if s not in e.x0))
     problems = tuple(LeastSquaresProblem(Integrator(system, obs.times, solver), obs.values,
-                                         system.index_of_states(obs.states), 1.0, x0s[j], free_x0=free[j])
+                                         system.index_of_states(obs.states), 1.0, x0s[j], free_x0=free[j],
+                                         **({} if plan is None else {"noise": tuple(plan[0][s] for s in obs.states)}))
                      for j, obs in enumerate(observations))
     bounds = prior.bounds
-    separate = [_refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd)
+    separate = [_refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd, plan)
                 for j, e in enumerate(study.experiments)]
     timings["separate refinement"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -152,13 +184,17 @@ def fit_study(
     shared = tuple(p for p in system.parameters if p not in var_all and not all(p in e.fixed for e in study.experiments))
     layout = JointLayout(tuple(system.parameters), shared, tuple(p for p in system.parameters if p in var_all), names,
                          tuple(dict(e.fixed) for e in study.experiments), tuple(free), tuple(system.states))
-    joint = JointProblem(problems, layout, observed, bounds)
+    joint = JointProblem(problems, layout, observed, bounds, None if plan is None else
+                         tuple(plan[0][s] for s in observed), per_experiment)
     thetas = [s.thetas[0] for s in separate]
     own_x0 = [s.x0s[0] for s in separate]
     starts = {f"experiment {e}": layout.pack(thetas, own_x0, thetas[j]) for j, e in enumerate(names)}
     if K > 1:
         starts["mean"] = layout.pack(thetas, own_x0, np.nanmean(np.array(thetas), axis=0))
-    sd = None if given_sd is None else np.array([given_sd[s] for s in observed])
+    if plan is None:
+        sd = None if given_sd is None else np.array([given_sd[n.split("[", 1)[0]] for n in joint.noise_names])
+    else:
+        sd = np.array([plan[1][n.split("[", 1)[0]] for n in joint.noise_names])
     refinements = {k: refine_joint(joint, q, sd) for k, q in starts.items()}
     best = min(refinements.values(), key=lambda r: r.nll)
     timings["joint refinement"] = time.perf_counter() - t0
@@ -170,11 +206,13 @@ def fit_study(
         t0 = time.perf_counter()
         model = build_study_model(system, observations, names, best.x0s, free,
                                   [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
-                                  priors=prior, noise_center=dict(zip(observed, best.noise_sd)),
-                                  noise_sd=given_sd, solver=solver, population_priors=population_priors,
-                                  centred=centred)
-        n_obs = {s: int(sum(o.n_obs[o.states.index(s)] for o in observations if s in o.states)) for s in observed}
-        center, spread = _start(system, layout, best, hier, varying, shared, observed, free, given_sd, n_obs, centred)
+                                  priors=prior, noise_center=dict(zip(best.noise_names, best.noise_sd)),
+                                  noise_sd=given_sd if plan is None else plan[1], solver=solver,
+                                  population_priors=population_priors, centred=centred,
+                                  noise=None if plan is None else plan[0], noise_per_experiment=per_experiment)
+        n_obs = dict(zip(joint.noise_names, joint.n_obs().tolist()))
+        known = (given_sd or {}) if plan is None else {s: v for s, v in plan[1].items() if np.isfinite(v)}
+        center, spread = _start(system, layout, best, hier, varying, shared, joint, free, known, n_obs, centred)
         covariance = _covariance(best, layout, hier, centred)
         run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
                        cores=posterior.cores, seed=seed, nuts_sampler=posterior.sampler, max_rounds=posterior.rounds,
@@ -198,7 +236,7 @@ def fit_study(
 _TIE = 1e-6
 
 
-def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd) -> JointRefinement:
+def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds, given_sd, plan) -> JointRefinement:
     """Experiment j refined alone with its known inputs, from its own fit's optimum and from the median of the
     other experiments' (j's fixed values held): the best NLL; among optima within :data:`_TIE` of it
     (a symmetry of the model: pk-oral's curve is the same with ka and ke swapped), the one nearest, in log
@@ -206,8 +244,12 @@ def _refine_alone(j, e, fits, problems, observations, free, x0s, system, bounds,
     own = tuple(p for p in system.parameters if p not in e.fixed)
     lay = JointLayout(tuple(system.parameters), own, (), (e.name,), (dict(e.fixed),), (free[j],),
                       tuple(system.states))
-    jp = JointProblem((problems[j],), lay, observations[j].states, bounds)
-    sd = None if given_sd is None else np.array([given_sd[s] for s in observations[j].states])
+    states = observations[j].states
+    jp = JointProblem((problems[j],), lay, states, bounds, None if plan is None else tuple(plan[0][s] for s in states))
+    if plan is None:
+        sd = None if given_sd is None else np.array([given_sd[s] for s in states])
+    else:
+        sd = np.array([plan[1][s] for s in states])
     starts = [fits[j].theta]
     others = None
     if len(fits) > 1:
@@ -275,8 +317,9 @@ def _noise_sd(noise_sd, observed: tuple[str, ...]) -> dict[str, float] | None:
     return out
 
 
-def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, observed, free,
-           given_sd, n_obs: Mapping[str, int], centred: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, joint: JointProblem, free,
+           known: Mapping[str, float], n_obs: Mapping[str, int],
+           centred: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Step 4's centre and spread by variable name: the joint optimum and its standard errors; hierarchical
     parameters from the refined values: mu, sigma their log mean and sd, z[e] the standardised logs."""
     center, sd = {}, {}
@@ -313,8 +356,62 @@ def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, sh
             else:
                 center[f"z_{p}[{e}]"] = (lv - mu) / sig
                 sd[f"z_{p}[{e}]"] = float(min(max(rel / sig, 0.05), 1.0))
-    if given_sd is None:
-        for s, v in zip(observed, best.noise_sd):
-            center[f"sigma_{s}"] = float(v)
-            sd[f"sigma_{s}"] = float(v) / np.sqrt(2 * n_obs[s])
+    for slot, model, v in zip(joint.noise_names, joint.models, best.noise_sd):
+        if model == "poisson" or slot.split("[", 1)[0] in known:
+            continue
+        name = noise_variable(slot, model)
+        center[name] = float(v)
+        sd[name] = float(v) / np.sqrt(2 * n_obs[slot])
     return center, sd
+
+
+def _noise_plan(noise, observations, observed: tuple[str, ...], given_sd) -> tuple[dict, dict] | None:
+    """(model name by observed state, known parameter by state (NaN: estimated)), checked against every
+    experiment's measurements (:func:`pgpgm.logscale.measurement_noise`); None when every state is Gaussian
+    with no model object given (the plain path)."""
+    if noise is None:
+        return None
+    if isinstance(noise, Mapping):
+        bad = [s for s in noise if s not in observed]
+        if bad:
+            raise DataError(f"noise names {bad}, which are not observed states {list(observed)}")
+    names: dict[str, str] = {}
+    known: dict[str, float] = {}
+    for obs in observations:
+        spec = {s: v for s, v in noise.items() if s in obs.states} if isinstance(noise, Mapping) else noise
+        sd = None if given_sd is None else [given_sd[s] for s in obs.states]
+        plan = measurement_noise(spec, obs, sd, None)
+        for m, s in enumerate(obs.states):
+            names[s] = "normal" if plan is None else plan.names[m]
+            known[s] = given_sd[s] if plan is None and given_sd is not None else (
+                np.nan if plan is None else float(plan.known[m]))
+    if all(n == "normal" for n in names.values()) and (isinstance(noise, str) or all(
+            isinstance(v, str) for v in noise.values())):
+        return None
+    return {s: names[s] for s in observed}, {s: known[s] for s in observed}
+
+
+def _check_known_start(study: Study, observations, models: Mapping[str, str]) -> None:
+    """A state with a lognormal or count likelihood, measured at its experiment's first time where its known
+    initial value is <= 0, has zero likelihood whatever the parameters: a DataError naming it."""
+    for e, obs in zip(study.experiments, observations):
+        for m, s in enumerate(obs.states):
+            if models[s] != "normal" and s in e.x0 and e.x0[s] <= 0 and obs.mask[0, m]:
+                raise DataError(f"experiment {e.name!r}: {s} is measured ({obs.values[0, m]:g}) at the first time "
+                                f"{obs.times[0]:g}, where its known initial value is {e.x0[s]:g}: under {models[s]} "
+                                "noise the prediction must be > 0 where a value is measured; mark that measurement "
+                                "missing (NaN) or drop it (a pre-dose sample), or use noise='normal' for this state")
+
+
+def _per_experiment(value, observed: tuple[str, ...]) -> tuple[str, ...]:
+    """The observed states whose noise parameter is one per experiment (``noise_per_experiment``)."""
+    if value is True:
+        return tuple(observed)
+    if value is False or value is None:
+        return ()
+    states = (value,) if isinstance(value, str) else tuple(value)
+    bad = [s for s in states if s not in observed]
+    if bad:
+        raise DataError(f"noise_per_experiment names {bad}, which are not observed states {list(observed)}; give "
+                        "True (every observed state), False, or some of them")
+    return states

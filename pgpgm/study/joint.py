@@ -1,15 +1,22 @@
 """Step 3 of a study: one least-squares refinement of every experiment together.
 
 The model: experiment j's observed state k at time t_n is y_jk(t_n) = x(t_n; theta_j, x0_j)_k + e,
-e ~ N(0, sd_k^2), the noise sd of a state shared by the experiments (one assay). theta_j takes the
+e ~ N(0, sd_k^2), the noise sd of a state shared by the experiments (one assay) - or, with
+``JointProblem(..., noise=...)``, each observed state's :mod:`pgpgm.noise` model (lognormal, Poisson,
+negative binomial: their residuals, as :class:`~pgpgm.refinement.LeastSquaresProblem` builds them);
+with ``per_experiment`` states, one noise parameter per experiment for those (labs differ). theta_j takes the
 shared parameters from one vector, the varying ones from experiment j's own, and experiment j's
 fixed (known) values; x0_j holds j's known initial values and, as unknowns, those of observed
 states it does not know. The residuals are the stacked residuals of one
 :class:`~pgpgm.refinement.LeastSquaresProblem` per experiment (their Jacobians' columns mapped to
 the joint unknowns), so each experiment keeps its own time grid and solver.
 
-Unknown sds are estimated as :func:`pgpgm.refine` does: alternating weighted least squares in q
-with sd_k^2 = sum_j RSS_jk / sum_j N_jk (each step an exact partial minimisation of the NLL).
+Unknown noise parameters are estimated as :func:`pgpgm.refine` does, by the same loop
+(:func:`pgpgm.refinement.noise_estimation.alternate_noise`): weighted least squares in q, then each
+noise parameter's maximum-likelihood value on the measurements it covers - Gaussian: sd_k^2 =
+sum_j RSS_jk / sum_j N_jk; other models:
+:func:`~pgpgm.refinement.noise_estimation.ml_noise_parameter` on the pooled measurements (each step
+an exact partial minimisation of the NLL).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from scipy import optimize
 
 from ..errors import DataError, ODESolveError
 from ..refinement import LeastSquaresProblem
+from ..refinement.noise_estimation import alternate_noise, ml_noise_parameter
 
 
 @dataclass(frozen=True)
@@ -100,10 +108,13 @@ class JointLayout:
 @dataclass(frozen=True, eq=False)
 class JointRefinement:
     """A joint refinement: q (Q,) and its names, standard errors (Q,) (inverse Fisher information,
-    ``inf`` where the data do not determine a direction), the noise sds (M,) by ``observed`` state
-    (estimated or given), the NLL (constants included), per-experiment parameters ``thetas`` (K, P)
-    and initial states ``x0s`` (K, S), the ODE solves, scipy's status, and the covariance of q (Q, Q) (NaN in
-    the rows and columns of undetermined unknowns)."""
+    ``inf`` where the data do not determine a direction), the noise parameters (L,) named
+    ``noise_names`` (an observed state's name when shared by the experiments, ``<state>[<experiment>]``
+    per experiment; sd, of log y for lognormal; alpha for negbin; 1 for Poisson; estimated or given),
+    ``observed`` (M,) the observed states, the NLL (constants included), per-experiment parameters
+    ``thetas`` (K, P) and initial states ``x0s`` (K, S), the ODE solves, scipy's status, the covariance of
+    q (Q, Q) (NaN in the rows and columns of undetermined unknowns), and the noise models by observed
+    state (None: Gaussian)."""
 
     q: np.ndarray
     names: tuple[str, ...]
@@ -117,26 +128,82 @@ class JointRefinement:
     success: bool
     message: str
     covariance: np.ndarray | None = None
+    noise_names: tuple[str, ...] | None = None
+    noise: tuple[str, ...] | None = None
 
     def value(self, name: str) -> float:
         return float(self.q[self.names.index(name)])
+
+    def noise_of(self, state: str, experiment: str) -> float:
+        """The noise parameter of ``state`` in ``experiment`` (its own or the shared one)."""
+        names = self.noise_names or self.observed
+        key = f"{state}[{experiment}]"
+        key = key if key in names else state
+        return float(self.noise_sd[names.index(key)]) if key in names else np.nan
 
 
 @dataclass(frozen=True, eq=False)
 class JointProblem:
     """The stacked problem: one :class:`LeastSquaresProblem` per experiment (full system, its known
-    initial values, ``free_x0`` its unknown ones), ``layout`` the joint unknowns, ``observed`` (M,) the
-    states whose noise sds are shared, ``bounds`` (P, 2) or None, the parameters' box."""
+    initial values, ``free_x0`` its unknown ones; built with the same ``noise`` models), ``layout`` the
+    joint unknowns, ``observed`` (M,) the observed states, ``bounds`` (P, 2) or None, the parameters'
+    box; ``noise`` (M,) the :mod:`pgpgm.noise` model names by observed state (None: Gaussian throughout);
+    ``per_experiment`` the observed states whose noise parameter is one per experiment (the others are
+    shared by the experiments).
+
+    The noise parameters (L,) are named :attr:`noise_names`: by observed state, the state's name when
+    shared, ``<state>[<experiment>]`` for each experiment that measures it when per experiment.
+    """
 
     problems: tuple[LeastSquaresProblem, ...]
     layout: JointLayout
     observed: tuple[str, ...]
     bounds: np.ndarray | None = None
+    noise: tuple[str, ...] | None = None
+    per_experiment: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        bad = [s for s in self.per_experiment if s not in self.observed]
+        if bad:
+            raise DataError(f"per-experiment noise names {bad}, which are not observed states {list(self.observed)}")
+        if self.noise is not None and len(self.noise) != len(self.observed):
+            raise DataError(f"noise must name one model per observed state {list(self.observed)}, got {self.noise!r}")
+        for pr in self.problems:
+            own = None if self.noise is None else tuple(self.noise[self.observed.index(self.layout.states[i])]
+                                                        for i in pr.observed_idx)
+            if pr.noise != own and not (self.noise is None and pr.noise is None):
+                raise DataError(f"an experiment's problem has noise models {pr.noise}, the study {own}")
+
+    @property
+    def noise_names(self) -> tuple[str, ...]:
+        """(L,) the noise parameters' names (see the class docstring)."""
+        out = []
+        for s in self.observed:
+            if s not in self.per_experiment:
+                out.append(s)
+                continue
+            for j, pr in enumerate(self.problems):
+                if s in self._states(j):
+                    out.append(f"{s}[{self.layout.experiments[j]}]")
+        return tuple(out)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """(L,) the noise model name of each noise parameter."""
+        names = self.noise or ("normal",) * len(self.observed)
+        return tuple(names[self.observed.index(n.split("[", 1)[0])] for n in self.noise_names)
+
+    def _states(self, j: int) -> tuple[str, ...]:
+        return tuple(self.layout.states[i] for i in self.problems[j].observed_idx)
+
+    def slots(self, j: int) -> list[int]:
+        """(M_j,) the index in the noise parameters (L,) of each of experiment j's observed states."""
+        names = {n: i for i, n in enumerate(self.noise_names)}
+        e = self.layout.experiments[j]
+        return [names[f"{s}[{e}]" if s in self.per_experiment else s] for s in self._states(j)]
 
     def _sd_of(self, j: int, sd: np.ndarray) -> np.ndarray:
-        pr = self.problems[j]
-        states = self.layout.states
-        return np.array([sd[self.observed.index(states[i])] for i in pr.observed_idx])
+        return np.asarray(sd)[self.slots(j)]
 
     def residuals(self, q, sd) -> np.ndarray:
         """Scaled residuals of every experiment, stacked (sum_j K_j,)."""
@@ -161,18 +228,56 @@ class JointProblem:
         return np.vstack(blocks)
 
     def rss(self, q) -> tuple[np.ndarray, np.ndarray]:
-        """Residual sums of squares and counts by observed state (M,), summed over experiments."""
-        rss, n = np.zeros(len(self.observed)), np.zeros(len(self.observed))
+        """Residual sums of squares and counts by noise parameter (L,), summed over its experiments."""
+        L = len(self.noise_names)
+        rss, n = np.zeros(L), np.zeros(L)
         for j, pr in enumerate(self.problems):
             r = pr.rss(self.layout.theta(q, j))
-            for k, i in enumerate(pr.observed_idx):
-                m = self.observed.index(self.layout.states[i])
+            for k, m in enumerate(self.slots(j)):
                 rss[m] += r[k]
                 n[m] += pr.n_obs[k]
         return rss, n
 
+    def n_obs(self) -> np.ndarray:
+        """(L,) the number of measurements each noise parameter covers."""
+        n = np.zeros(len(self.noise_names), int)
+        for j, pr in enumerate(self.problems):
+            for k, m in enumerate(self.slots(j)):
+                n[m] += pr.n_obs[k]
+        return n
+
+    def pooled(self, q) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(L,) the measurements and predictions (y, mu) each noise parameter covers, concatenated over
+        its experiments; raises :class:`ODESolveError` when a solve fails."""
+        parts: list[list] = [[] for _ in self.noise_names]
+        for j, pr in enumerate(self.problems):
+            mu = pr.predictions(self.layout.theta(q, j))
+            for k, m in enumerate(self.slots(j)):
+                parts[m].append((pr.y[:, k], mu[:, k]))
+        return [(np.concatenate([y for y, _ in p]), np.concatenate([m for _, m in p])) for p in parts]
+
+    def ml_noise(self, q, params: np.ndarray) -> np.ndarray:
+        """(L,) each noise parameter's maximum-likelihood value at q (``params`` where a model has none or a
+        solve fails)."""
+        if self.noise is None:
+            rss, n = self.rss(q)
+            return np.sqrt(rss / n)
+        out = np.array(params, dtype=float)
+        try:
+            pooled = self.pooled(q)
+        except ODESolveError:
+            return out
+        return np.array([ml_noise_parameter(name, y, mu, v)
+                         for name, (y, mu), v in zip(self.models, pooled, out)])
+
     def nll(self, q, sd) -> float:
-        """Gaussian NLL of every experiment's data (constants included); inf when a solve fails."""
+        """NLL of every experiment's data (constants included) with the noise parameters ``sd`` (L,);
+        inf when a solve fails."""
+        if self.noise is not None:
+            total = 0.0
+            for j, pr in enumerate(self.problems):
+                total += pr.nll(self.layout.theta(q, j), self._sd_of(j, sd))
+            return float(total)
         try:
             rss, n = self.rss(q)
         except ODESolveError:
@@ -200,48 +305,52 @@ def refine_joint(problem: JointProblem, q0, noise_sd=None, *, max_nfev: int = 40
                  noise_rtol: float = 1e-7) -> JointRefinement:
     """Maximum likelihood of every experiment together from ``q0`` (Q,).
 
-    ``noise_sd`` : (M,) known sds by ``problem.observed``, or None to estimate them (alternating with
-    weighted least squares, from the sd of the residuals at ``q0``). Trust-region reflective least
-    squares (scipy) within the parameters' box. Standard errors from the SVD of the scaled Jacobian at
-    the optimum (singular values below 1e-8 of the largest count as zero: infinite standard errors).
+    ``noise_sd`` : None to estimate every noise parameter, or (L,) by ``problem.noise_names``: known
+    values, NaN for those to estimate (a Poisson state's entry is unused). Estimated ones start at their
+    maximum-likelihood values for ``q0`` (for the Gaussian path the sd of the residuals) and alternate
+    with weighted least squares (:func:`~pgpgm.refinement.noise_estimation.alternate_noise`, the loop of
+    :func:`pgpgm.refine`). Trust-region reflective least squares (scipy) within the parameters' box.
+    Standard errors from the SVD of the scaled Jacobian at the optimum (singular values below 1e-8 of the
+    largest count as zero: infinite standard errors).
 
     Raises
     ------
-    DataError : ``q0`` of the wrong length or not finite.
+    DataError : ``q0`` of the wrong length or not finite, ``noise_sd`` of the wrong length.
     """
     names = problem.layout.names
     q = np.asarray(q0, float).copy()
     if q.shape != (len(names),) or not np.all(np.isfinite(q)):
         raise DataError(f"q0 must hold {len(names)} finite values {list(names)}, got {q0!r}")
+    L = len(problem.noise_names)
+    if noise_sd is not None and np.size(noise_sd) not in (1, L):
+        raise DataError(f"noise_sd must hold {L} values {list(problem.noise_names)} (NaN: estimated), got {noise_sd!r}")
     lo, hi = problem.lower_upper()
     q = np.clip(q, np.where(np.isfinite(lo), lo + 1e-12 * np.abs(lo) + 1e-300, lo),
                 np.where(np.isfinite(hi), hi - 1e-12 * np.abs(hi), hi))
     n0 = problem.n_solves()
-    estimate = noise_sd is None
+    known = np.full(L, np.nan) if noise_sd is None else np.broadcast_to(np.asarray(noise_sd, float), (L,)).copy()
+    estimated = ~np.isfinite(known) & np.array([m != "poisson" for m in problem.models])
     try:
         rss, n = problem.rss(q)
     except ODESolveError as err:
         return _failed(problem, q, n0, f"the ODE solve failed at the start ({err})")
-    sd = np.sqrt(np.maximum(rss / n, 1e-300)) if estimate else np.broadcast_to(np.asarray(noise_sd, float),
-                                                                               (len(problem.observed),)).copy()
+    if problem.noise is None:
+        sd = np.sqrt(np.maximum(rss / n, 1e-300)) if noise_sd is None else known
+    else:  # known values; the others at their ML values for q0 (1 where a model cannot give one there)
+        sd = np.where(np.isfinite(known), known, 1.0)
+        sd = np.where(estimated, problem.ml_noise(q, sd), sd)
+        sd = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
+    estimate = bool(estimated.any())
     floor = 1e-6 * sd
-    rounds, converged, message = 0, not estimate, ""
-    while True:
-        res = optimize.least_squares(problem.residuals, q, jac=problem.jacobian, bounds=(lo, hi), method="trf",
-                                     x_scale="jac", max_nfev=max_nfev, args=(sd,))
-        q, message = res.x, str(res.message)
-        if not estimate:
-            break
-        rounds += 1
-        rss, n = problem.rss(q)
-        new = np.maximum(np.sqrt(rss / n), floor)
-        change = float(np.max(np.abs(new / sd - 1)))
-        sd = new
-        if change <= noise_rtol:
-            converged = True
-            break
-        if rounds >= max_rounds:
-            break
+
+    def solve(q, sd):
+        return optimize.least_squares(problem.residuals, q, jac=problem.jacobian, bounds=(lo, hi), method="trf",
+                                      x_scale="jac", max_nfev=max_nfev, args=(sd,))
+
+    alt = alternate_noise(solve, problem.ml_noise, q, sd, estimated, floor, max_rounds=max_rounds,
+                          noise_rtol=noise_rtol)
+    q, sd, res, rounds, converged = alt.q, alt.params, alt.result, alt.rounds, alt.converged
+    message = str(res.message)
     try:
         J = problem.jacobian(q, sd)
     except ODESolveError as err:
@@ -264,12 +373,13 @@ def refine_joint(problem: JointProblem, q0, noise_sd=None, *, max_nfev: int = 40
     return JointRefinement(q, names, se, sd, problem.observed, problem.nll(q, sd), thetas, x0s,
                            problem.n_solves() - n0, bool(res.success) and converged,
                            message + (f"; noise sds converged in {rounds} rounds" if estimate and converged else
-                                      "; noise sds not converged" if estimate else ""), cov)
+                                      "; noise sds not converged" if estimate else ""), cov,
+                           problem.noise_names, problem.noise)
 
 
 def _failed(problem: JointProblem, q, n0: int, message: str) -> JointRefinement:
     K, P = len(problem.problems), len(problem.layout.parameters)
     S = len(problem.layout.states)
-    return JointRefinement(q, problem.layout.names, np.full(q.size, np.nan), np.full(len(problem.observed), np.nan),
+    return JointRefinement(q, problem.layout.names, np.full(q.size, np.nan), np.full(len(problem.noise_names), np.nan),
                            problem.observed, np.inf, np.full((K, P), np.nan), np.full((K, S), np.nan),
-                           problem.n_solves() - n0, False, message)
+                           problem.n_solves() - n0, False, message, None, problem.noise_names, problem.noise)

@@ -8,8 +8,16 @@
     <s>_0[e]           ~ Normal(first measurement, sd of the measurements)  observed states of e
                          whose initial value the study does not know
     sigma_<s>          ~ LogNormal(log centre, 2)   one noise sd per observed state, shared
+                         (``sigma_<s>[e]`` per experiment for the states in ``noise_per_experiment``)
     x_e(t)             = the ODE solution of experiment e (one :class:`~pgpgm.solve.op.ODEOp` each)
     y_<s>[e]           ~ Normal(x_e(t)_s, sigma_<s>)  where measured
+
+With measurement noise models (``noise={"C": "lognormal", "I": "negbin", ...}``, :mod:`pgpgm.noise`)
+a state's term ``y_<s>[e]`` is instead the model's log-likelihood on the measured values
+(:meth:`pgpgm.noise.NoiseModel.logp`: ``pm.logp`` of ``pm.LogNormal(log x, sigma)``, ``pm.Poisson(x)``
+or ``pm.NegativeBinomial(mu=x, alpha)``) as a ``pm.Potential``, with ``alpha_<s>`` ~ LogNormal(log
+centre, 2) for negbin (``alpha_<s>[e]`` per experiment), and zero likelihood where a prediction is
+<= 0 at a measured value (as :func:`pgpgm.fit`'s step 4).
 
 The population priors are weakly informative on the log scale: Normal(0, 3) for mu_p puts the
 population median between e^-6 and e^6 (95 %), HalfNormal(1) for sigma_p allows from no
@@ -28,6 +36,7 @@ import pytensor.tensor as pt
 
 from ..data import Observations
 from ..errors import DataError
+from ..noise import NOISE_MODELS, noise_model
 from ..ode.system import ODESystem
 from ..posterior.nuts import NOISE_PRIOR_LOG_SD
 from ..priors import Priors, prior_variable
@@ -45,6 +54,12 @@ def varying_name(p: str, experiment: str) -> str:
     return f"{p}[{experiment}]"
 
 
+def noise_variable(slot: str, model: str = "normal") -> str:
+    """Name of a noise parameter in the model: ``sigma_<slot>`` (``alpha_<slot>`` for negbin), ``slot`` a
+    state (shared) or ``<state>[<experiment>]`` (per experiment)."""
+    return ("alpha_" if model == "negbin" else "sigma_") + slot
+
+
 def x0_name(state: str, experiment: str) -> str:
     """Name of an experiment's free initial value of ``state``."""
     return f"{state}_0[{experiment}]"
@@ -56,7 +71,8 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                       priors: Priors, noise_center: Mapping[str, float] | None = None,
                       noise_sd: Mapping[str, float] | None = None, solver: Solver | None = None,
                       population_priors: Mapping[str, Callable[[str], pt.TensorVariable]] | None = None,
-                      centred: bool = False) -> pm.Model:
+                      centred: bool = False, noise: Mapping[str, str] | None = None,
+                      noise_per_experiment: Sequence[str] = ()) -> pm.Model:
     """The joint ODE model of a study (see the module docstring).
 
     Parameters
@@ -68,11 +84,15 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
     varying : parameters with a value per experiment (flat prior: the parameter's own)
     hierarchical : parameter -> ``"lognormal"``: a value per experiment from a population distribution
     priors : the parameters' priors (:class:`~pgpgm.priors.Priors`)
-    noise_center : centre of each observed state's noise prior, or ``noise_sd`` known sds by state
+    noise_center : centre of each free noise parameter's prior by name (an observed state, or
+        ``<state>[<experiment>]`` for a state in ``noise_per_experiment``)
+    noise_sd : known noise parameters by those names or by state (for every experiment); the others free
     population_priors : callables ``name -> variable`` for ``mu_<p>`` / ``sigma_<p>`` by those names
     centred : sample ``log_<p>[<e>] ~ Normal(mu_p, sigma_p)`` instead of the non-centred ``z_<p>[<e>]``
         (better when every experiment's data determine its value well: then the non-centred z, mu and
         sigma are tightly correlated; the non-centred form is better when they do not)
+    noise : the :mod:`pgpgm.noise` model name by observed state (default normal)
+    noise_per_experiment : observed states with a noise parameter per experiment
 
     Returns
     -------
@@ -99,12 +119,24 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
             sigma = (population_priors[f"sigma_{p}"](f"sigma_{p}") if f"sigma_{p}" in population_priors
                      else pm.HalfNormal(f"sigma_{p}", sigma=SIGMA_SD))
             pop[p] = (mu, sigma)
+        models = {s: (noise or {}).get(s, "normal") for s in observed}
+        bad = {s: m for s, m in models.items() if m not in NOISE_MODELS}
+        if bad:
+            raise DataError(f"noise names unknown model(s) {bad}; choose from {list(NOISE_MODELS)}")
         sigmas = {}
+
+        def noise_parameter(slot: str, s: str):
+            if models[s] == "poisson":
+                return None
+            known = None if noise_sd is None else noise_sd.get(slot, noise_sd.get(s))
+            if known is not None and np.isfinite(known):
+                return pt.as_tensor_variable(np.float64(known))
+            return pm.LogNormal(noise_variable(slot, models[s]), mu=np.log(noise_center[slot]),
+                                sigma=np.float64(NOISE_PRIOR_LOG_SD))
+
         for s in observed:
-            if noise_sd is not None:
-                sigmas[s] = pt.as_tensor_variable(np.float64(noise_sd[s]))
-            else:
-                sigmas[s] = pm.LogNormal(f"sigma_{s}", mu=np.log(noise_center[s]), sigma=np.float64(NOISE_PRIOR_LOG_SD))
+            if s not in noise_per_experiment:
+                sigmas[s] = noise_parameter(s, s)
         for j, (e, obs) in enumerate(zip(names, observations)):
             theta = []
             for p in system.parameters:
@@ -135,8 +167,21 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
             safe = pt.switch(ok, traj, 0.0)
             for m, s in enumerate(obs.states):
                 rows = obs.rows(m)
-                pm.Normal(f"y_{s}[{e}]", mu=safe[rows, system.states.index(s)], sigma=sigmas[s],
-                          observed=obs.values[rows, m])
+                slot = f"{s}[{e}]" if s in noise_per_experiment else s
+                if slot not in sigmas:
+                    sigmas[slot] = noise_parameter(slot, s)
+                mu = safe[rows, system.states.index(s)]
+                if models[s] == "normal":
+                    pm.Normal(f"y_{s}[{e}]", mu=mu, sigma=sigmas[slot], observed=obs.values[rows, m])
+                    continue
+                # a prediction <= 0 at a measured value: zero likelihood (and a finite placeholder)
+                pm.Potential(f"{s}_positive[{e}]", pt.switch(pt.all(mu > 0), np.float64(0.0), np.float64(-np.inf)))
+                mu = pt.switch(mu > 0, mu, 1.0)
+                kind = noise_model(models[s], **({"alpha": 1.0} if models[s] == "negbin" else
+                                                 {} if models[s] == "poisson" else {"sd": 1.0}))
+                params = ({} if sigmas[slot] is None else
+                          {("alpha" if models[s] == "negbin" else "sd"): sigmas[slot]})
+                pm.Potential(f"y_{s}[{e}]", kind.logp(obs.values[rows, m], mu, **params))
     return model
 
 

@@ -34,12 +34,14 @@ class StudyResult:
     estimates : xarray.Dataset: ``theta`` (estimate, experiment, parameter) for ``separate`` (each
         experiment refined alone, its known inputs held), ``joint`` (the joint refinement) and, with step
         4, ``posterior`` (the mean); ``stderr`` (experiment, parameter) of the joint refinement;
-        ``x0`` (estimate, experiment, state); ``noise_sd`` (estimate, experiment, observed) (joint: the
-        shared sds); ``nll`` (estimate, experiment) (joint: the joint NLL on every experiment);
+        ``x0`` (estimate, experiment, state); ``noise_sd`` (estimate, experiment, observed) each state's
+        noise parameter (sd, of log y for lognormal; alpha for negbin; 1 for Poisson) (joint: the shared
+        one, or the experiment's own with ``noise_per_experiment``); ``nll`` (estimate, experiment) (joint: the joint NLL on every experiment);
         ``population`` (estimate_population, statistic, hierarchical) with statistics ``mu``, ``sigma`` (log scale) and
         ``median`` = exp(mu), at ``start`` (from the refined values) and ``posterior`` (mean) when there are
         hierarchical parameters; attrs ``shared``, ``varying``, ``hierarchical`` (JSON), ``joint_nll``,
-        ``nll_per_start`` (JSON)
+        ``nll_per_start`` (JSON), ``noise`` (JSON: the noise model by observed state), ``noise_names`` (JSON:
+        the joint refinement's noise parameters)
     trajectories : xarray.Dataset: ``x`` (estimate, experiment, point, state) on ``time``
         (experiment, point), each experiment's own plotting grid; ``y`` (experiment, sample, observed) the
         measurements at ``time_obs`` (experiment, sample), NaN-padded
@@ -140,7 +142,9 @@ class StudyResult:
             theta[0, j], x0[0, j], nll[0, j] = s.thetas[0], s.x0s[0], s.nll
             for m, st in enumerate(s.observed):
                 noise[0, j, observed.index(st)] = s.noise_sd[m]
-        theta[1], x0[1], noise[1], nll[1] = joint.thetas, joint.x0s, joint.noise_sd[None, :], joint.nll
+        theta[1], x0[1], nll[1] = joint.thetas, joint.x0s, joint.nll
+        for j, e in enumerate(names):  # the shared noise parameters, or each experiment's own
+            noise[1, j] = [joint.noise_of(st, e) for st in observed]
         se = np.full((K, P), np.nan)
         for j, e in enumerate(names):
             for a, p in enumerate(system.parameters):
@@ -163,8 +167,10 @@ class StudyResult:
                     key = f"{system.states[i]}_0[{e}]"
                     x0[2, j, i] = float(post[key].mean())
                 for m, st in enumerate(observed):
-                    if f"sigma_{st}" in post:
-                        noise[2, j, m] = float(post[f"sigma_{st}"].mean())
+                    for key in (f"sigma_{st}[{e}]", f"alpha_{st}[{e}]", f"sigma_{st}", f"alpha_{st}"):
+                        if key in post:
+                            noise[2, j, m] = float(post[key].mean())
+                            break
         data_vars = {
             "theta": (("estimate", "experiment", "parameter"), theta),
             "stderr": (("experiment", "parameter"), se),
@@ -190,7 +196,9 @@ class StudyResult:
         attrs = {"shared": json.dumps(list(layout.shared)), "varying": json.dumps(list(varying)),
                  "hierarchical": json.dumps(dict(hierarchical)), "joint_nll": float(joint.nll),
                  "nll_per_start": json.dumps({k: float(r.nll) for k, r in refinements.items()}),
-                 "joint_message": joint.message}
+                 "joint_message": joint.message,
+                 "noise": json.dumps(dict(zip(observed, joint.noise or ("normal",) * len(observed)))),
+                 "noise_names": json.dumps(list(joint.noise_names or observed))}
         estimates = xr.Dataset(data_vars, coords=coords, attrs=attrs)
         # trajectories on each experiment's own grid
         X = np.full((len(estimates_names), K, dense_points, S), np.nan)
