@@ -657,6 +657,8 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
         else:
             r = resid[obs.mask[:, o], o]
             noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
+    if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
+        noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
     plan = prepared.noise
     if plan is None:
         problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
