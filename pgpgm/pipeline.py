@@ -305,6 +305,16 @@ def fit(
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
 
+    ``observables`` (mapping data column -> expression, :mod:`pgpgm.observables`): the data measure
+    these functions of the states, e.g. ``{"y_C": "C", "y_total": "A + C", "y_blot": "s * A"}``; names
+    that are neither states nor parameters (``s``) are observation parameters, appended to the
+    system's parameters (the result's ``system``) with the default prior box unless ``priors`` names
+    them. Steps 3-4 fit h(t, x, theta, phi) (chain-rule Jacobian; ``noise``, ``noise_sd`` per
+    observable); steps 1-2 use the identity observables (``"y_C": "C"``: C observed) and treat every
+    other state as latent (``x0`` as for latent states; ``kernel``/``gamma`` mappings by state); at
+    least one state must be measured directly. ``result.trajectories["h"]`` (estimate, time_dense,
+    observable) holds the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
+
     Data: each observed state may have its own times and missing values (a tidy long
     DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
     at least 3 measurements per state). Each state's GP is fitted to its own measurements;
@@ -856,7 +866,8 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     """Diagnostics and warnings (convergence, bounds), then the :class:`FitResult`
     (:func:`pgpgm.result.assemble`)."""
     system, spec, run = prepared.system, options.posterior, matched.run
-    diagnostics = {"gradient_matching": diagnose(run.tree, prepared.matching.system.parameters)}
+    sampled = system.parameters if prepared.observables is None else prepared.matching.system.parameters  # no phi
+    diagnostics = {"gradient_matching": diagnose(run.tree, sampled)}
     if isinstance(spec, NUTS):
         diagnostics["posterior"] = diagnose(post.tree, post.free)
     if not isinstance(spec, Laplace):

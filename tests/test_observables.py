@@ -246,3 +246,16 @@ def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
         pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=OBSERVABLES, observed=["C"], noise_sd=0.1)
     with pytest.raises(DataError, match="theta must be 3"):
         pgpgm.simulate(SYSTEM, TRUTH[:2], X0, TIMES, observables=OBSERVABLES, noise_sd=0.1)
+
+
+@pytest.mark.slow
+def test_fit_with_nuts_covers_the_truth():
+    # ~60 s: step 4 (NUTS on the ODE model with the observables' likelihood) compiles and samples
+    result = _fit(_data(seed=7), posterior_draws=300, posterior_tune=300, posterior_chains=2)
+    post = result.posterior.posterior
+    for name, true in zip(("ka", "ke", "s"), TRUTH):
+        lo, hi = np.quantile(post[name].values, [0.001, 0.999])
+        assert lo < true < hi, (name, lo, hi, true)
+    for name in OBSERVABLES:  # each observable is a deterministic on the plotting grid
+        assert post[name].dims == ("chain", "draw", "time_dense")
+    assert "sigma_y_blot" in post
