@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from .checks import as_float_array, check_count, check_gamma, noise_levels
-from .data import Observations, as_observations, initial_values
+from .data import Observations, as_observations, initial_value_priors, initial_values
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .gp import GPFit
 from .gp.kernels import KERNELS
@@ -124,7 +124,10 @@ class Prepared:
     of the likelihood (fixed parameters substituted, lognormal states on the log scale); ``matching``
     the problem of steps 1-2 (the data as given or on the log scale); ``scales`` the log-scale plan
     (None: none); ``fixed`` the fixed parameters' values; ``priors`` and ``init`` without them;
-    ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout)."""
+    ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout); with observables
+    (``observables``, of the fitted system; ``observables_full`` of the full one; ``likelihood_priors``
+    the priors of theta and phi) ``matching`` is None when no state is measured directly (steps 1-2
+    skipped, :func:`refine_from_box`)."""
 
     full: ODESystem
     system: ODESystem
@@ -190,6 +193,7 @@ class Refined:
     noise_start: np.ndarray
     unknown: tuple[str, ...]
     priors: Priors | None = None
+    x0_priors: dict | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -368,9 +372,14 @@ def fit(
     else:
         prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
                            true_theta=true_theta, x0_observed=x0_observed)
-    matched = match(prepared, options, timings, t0)  # steps 1-2
     t2 = time.perf_counter()
-    refined = refine_step(prepared, matched, options)  # step 3
+    if prepared.matching is None:  # observables only, no state measured directly: no steps 1-2
+        matched = None
+        refined = refine_from_box(prepared, options)  # step 3 from starts spread over the prior box
+    else:
+        matched = match(prepared, options, timings, t0)  # steps 1-2
+        t2 = time.perf_counter()
+        refined = refine_step(prepared, matched, options)  # step 3
     timings["refinement"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     post = posterior_step(prepared, matched, refined, options)  # step 4
@@ -506,12 +515,12 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
     spec = Observables.parse({n: observables[n] for n in obs.states}, system)  # in the data's order
     ident = spec.identity
     direct = [n for n in obs.states if n in ident]
-    if not direct:
-        raise DataError(f"no state is measured directly: the observables {dict(spec.texts())} are all functions of "
-                        "several states or parameters, and steps 1-2 (a GP per observed state, gradient matching) "
-                        "need at least one state observed as itself; add an identity observable such as "
-                        f"{{'y_{system.states[0]}': '{system.states[0]}'}} if a state is measured directly, or fit "
-                        "with pgpgm.refine from your own starts")
+    if not direct and options.posterior is None:
+        raise DataError(f"no state is measured directly (the observables {dict(spec.texts())} are functions of "
+                        "states and parameters), so steps 1-2 (a GP per observed state, gradient matching) do not "
+                        "run and there are no chains to be the posterior: use posterior='nuts' or 'laplace', or add an "
+                        f"identity observable such as {{'y_{system.states[0]}': '{system.states[0]}'}} if a state is "
+                        "measured directly")
     twice = sorted({ident[n] for n in direct if [ident[k] for k in direct].count(ident[n]) > 1})
     if twice:
         raise DataError(f"states {twice} are each measured by several identity observables; give one column per state")
@@ -531,9 +540,9 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
                     sd[m] *= float(np.nanmedian(np.abs(obs.values[:, m])))
         gm_sd = sd[cols]
     gm_data = {"time": obs.times, **{ident[n]: obs.values[:, m] for n, m in zip(direct, cols)}}
-    gm_obs = as_observations(gm_data, [ident[n] for n in direct], system, grid=obs.times)
-    per_state(options.kernel, gm_obs.states, "kernel")  # a mapping names directly observed states only
-    for v in per_state(options.gamma, gm_obs.states, "gamma"):
+    gm_obs = as_observations(gm_data, [ident[n] for n in direct], system, grid=obs.times) if direct else None
+    per_state(options.kernel, gm_obs.states if direct else (), "kernel")  # a mapping names direct states only
+    for v in per_state(options.gamma, gm_obs.states if direct else (), "gamma"):
         check_gamma(v)
     full = spec.extend(system)
     if true_theta is not None:
@@ -557,8 +566,14 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
     likelihood_priors = Priors.from_user(fit_system.parameters, priors)
     gm_priors = ({k: v for k, v in priors.items() if k in gm_system.parameters} if isinstance(priors, Mapping)
                  else priors)
-    initial_values(gm_system, gm_data, x0, gm_system.index_of_states(gm_obs.states))
-    gm = Problem(gm_system, gm_data, gm_obs, x0, gm_sd)
+    initial_values(gm_system, gm_data, x0, gm_system.index_of_states(gm_obs.states) if direct else [])
+    if not direct:  # step 3 from the prior box: every box must be finite
+        unbounded = [p for p, sp_ in zip(likelihood_priors.names, likelihood_priors.specs) if callable(sp_)]
+        unbounded += [s for s, v in initial_value_priors(system, x0, []).items() if callable(v)]
+        if unbounded:
+            raise DataError(f"no state is measured directly, so step 3 starts from points spread over the prior "
+                            f"boxes; {unbounded} have no box: give them (lower, upper) priors")
+    gm = Problem(gm_system, gm_data, gm_obs, x0, gm_sd) if direct else None
     return Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
                     true_theta, measurement, None, fit_spec, spec, likelihood_priors)
 
@@ -691,6 +706,58 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
                    unknown, prior)
 
 
+#: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
+BOX_STARTS = 20
+
+
+def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX_STARTS) -> Refined:
+    """Step 3 when no state is measured directly (observables only, so no steps 1-2): least squares of
+    the observables' residuals from ``n_starts`` points of a Latin hypercube (seeded by the fit's seed)
+    over the prior boxes of theta, phi and the unknown latent initial values; the best by likelihood.
+    Noise sds start at the given ones, else at 10 % of each observable's data sd, and are estimated.
+    ``theta_sampled`` and ``x0_sampled`` are the best refinement's start."""
+    from scipy.stats import qmc
+
+    system, spec, obs = prepared.system, prepared.observables, prepared.obs
+    prior = prepared.likelihood_priors
+    x0_priors = {s: v for s, v in initial_value_priors(system, prepared.x0, []).items()}
+    unknown = tuple(s for s in system.states if s in x0_priors)
+    free_x0 = tuple(system.states.index(s) for s in unknown)
+    x0_full = initial_values(system, None, prepared.x0, [])
+    box = np.vstack([prior.bounds.reshape(-1, 2)] + [np.array([x0_priors[s]], float) for s in unknown])
+    x0_full[list(free_x0)] = box[len(prior.names):].mean(axis=1)
+    u = qmc.LatinHypercube(d=box.shape[0], seed=options.seed).random(n_starts)
+    inner = box[:, 0] + (box[:, 1] - box[:, 0]) * (0.02 + 0.96 * u)  # inside the box, off its faces
+    starts = {f"box start {i}": q for i, q in enumerate(inner)}
+    O = len(obs.states)
+    if options.noise_sd is not None:
+        noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
+    else:
+        noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
+    integrator = Integrator(system, obs.times, options.solver)
+    plan = prepared.noise
+    if plan is None:
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
+    else:
+        noise_start = noise_parameters_start(plan, obs, noise_start)
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0,
+                                        noise=plan.names)
+    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
+    refinements = tuple(refine(problem, q, prior.bounds, estimate_noise=estimate_noise, warn=False)
+                        for q in starts.values())
+    usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
+    if not usable:
+        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
+    k = min(usable, key=lambda j: refinements[j].nll)
+    best = refinements[k]
+    if best.undetermined:
+        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
+                      "fix or give tighter priors to some of them, or measure more", IdentifiabilityWarning,
+                      stacklevel=3)
+    theta0, x0_start = problem.split(inner[k])
+    return Refined(best, refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior, x0_priors)
+
+
 def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) -> None:
     """The observables' trajectories ``h`` (estimate, time_dense, observable) beside the states' ``x``,
     integrated from each estimate (NaN where a solve failed), and the observables' expressions
@@ -814,11 +881,15 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
 def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:
     """Step 4: NUTS on the ODE model from the refined optimum (each separate mode's mean refined: which
     optimum it belongs to), the Laplace approximation, or step 2's chains (``options.posterior`` None)."""
-    system, obs, density, ref = prepared.system, prepared.obs, matched.density, refined.best
+    system, obs, ref = prepared.system, prepared.obs, refined.best
+    density = matched.density if matched is not None else None  # None: no steps 1-2 (refine_from_box)
     spec = options.posterior
     prior = density.priors if refined.priors is None else refined.priors  # with observables: phi's too
+    x0_priors = (dict(zip(refined.unknown, density.x0_priors.specs)) if refined.x0_priors is None
+                 else refined.x0_priors)
     t = obs.times
-    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), matched.integrator.solver)
+    solver = refined.problem.integrator.solver  # step 3's (matched.integrator's)
+    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), solver)
     if isinstance(spec, NUTS):
         plan = prepared.noise
         if plan is None:
@@ -827,8 +898,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
             noise_args = {"noise": plan.names, "noise_sd": plan.known,
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
-                                        solver=matched.integrator.solver, dense_times=dense.times,
-                                        x0_priors=dict(zip(refined.unknown, density.x0_priors.specs)),
+                                        solver=solver, dense_times=dense.times, x0_priors=x0_priors,
                                         log_scale=log_scale_names(prior, ref.theta, ref.stderr),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),
                                         **({"observables": prepared.observables} if prepared.observables else {}))
@@ -865,9 +935,12 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
            timings: dict) -> FitResult:
     """Diagnostics and warnings (convergence, bounds), then the :class:`FitResult`
     (:func:`pgpgm.result.assemble`)."""
-    system, spec, run = prepared.system, options.posterior, matched.run
-    sampled = system.parameters if prepared.observables is None else prepared.matching.system.parameters  # no phi
-    diagnostics = {"gradient_matching": diagnose(run.tree, sampled)}
+    system, spec = prepared.system, options.posterior
+    run = matched.run if matched is not None else None  # None: no steps 1-2 (refine_from_box)
+    diagnostics = {}
+    if run is not None:
+        sampled = system.parameters if prepared.observables is None else prepared.matching.system.parameters  # no phi
+        diagnostics["gradient_matching"] = diagnose(run.tree, sampled)
     if isinstance(spec, NUTS):
         diagnostics["posterior"] = diagnose(post.tree, post.free)
     if not isinstance(spec, Laplace):
@@ -879,7 +952,7 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
     draws = ({p: post.tree.posterior[p].values for p in system.parameters if p in post.tree.posterior}
              if spec is not None else None)
-    prior = matched.density.priors if refined.priors is None else refined.priors
+    prior = refined.priors if refined.priors is not None else matched.density.priors
     at_bounds = bound_report(prior, refined.best.theta, draws, stderr=refined.best.stderr)
     warn_at_bounds(at_bounds, stacklevel=4)
     data, true_theta = prepared.data, prepared.true_theta
@@ -887,18 +960,22 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
         true_theta = data.attrs["theta"]
     x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
                else refined.x0_sampled)
-    solves = {"sampling": matched.n_solves, "refinement": sum(r.n_solves for r in refined.refinements),
-              "posterior": post.solves}
-    return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed, tree=run.tree,
+    solves = {"sampling": matched.n_solves if matched is not None else 0,
+              "refinement": sum(r.n_solves for r in refined.refinements), "posterior": post.solves}
+    stopping = ((run.stopped, run.reason, list(run.iterations)) if run is not None else
+                (False, f"no state measured directly: steps 1-2 skipped, step 3 from {len(refined.starts)} starts "
+                 "spread over the prior box", []))
+    return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed,
+                    tree=run.tree if run is not None else None,
                     main=post.tree, has_posterior=spec is not None, theta_sampled=refined.theta_sampled,
                     x0_sampled=refined.x0_sampled, best=refined.best, refinements=refined.refinements,
                     starts=tuple(refined.starts), unknown=refined.unknown, at_bounds=at_bounds,
-                    stopping=(run.stopped, run.reason, list(run.iterations)),
+                    stopping=stopping,
                     noise_given=(options.noise_sd is not None if prepared.noise is None
                                  else not refined.best.noise_estimated.any()),
                     noise_gp=matched.density.noise_sd if prepared.observables is None else refined.noise_start,
                     true_theta=true_theta, x0_true=x0_true,
-                    solver=matched.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
+                    solver=refined.problem.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
                     diagnostics=diagnostics)
 
 

@@ -14,6 +14,7 @@ finite differences.
 import warnings
 
 import numpy as np
+import pymc as pm
 import pytest
 import xarray as xr
 from scipy import optimize, stats
@@ -59,18 +60,23 @@ def _h(x, s):
     return np.column_stack([x[:, 1], x[:, 0] + x[:, 1], s * x[:, 0]])
 
 
-def _reference_optimum(y, sd, n_starts=24):
-    """The weighted least-squares optimum over q = (ka, ke, s, C(0)) of the data y (N, 3), A(0) known,
-    by scipy least_squares (trf, finite differences) from n_starts points spread over the prior box."""
+def _reference_optimum(y, sd, n_starts=24, columns=(0, 1, 2), free_c0=True):
+    """The weighted least-squares optimum over q = (ka, ke, s, C(0)) (C(0) known 0 unless ``free_c0``)
+    of the data y (N, len(columns)) of the observables ``columns``, A(0) known, by scipy least_squares
+    (trf, finite differences) from n_starts points spread over the prior box."""
+    cols = list(columns)
+
     def res(q):
-        x = _solve(q[0], q[1], [X0[0], q[3]], TIMES)
-        return ((_h(x, q[2]) - y) / sd).ravel()
+        x = _solve(q[0], q[1], [X0[0], q[3] if free_c0 else X0[1]], TIMES)
+        return ((_h(x, q[2])[:, cols] - y) / sd).ravel()
 
     rng = np.random.default_rng(11)
     lo, hi = np.array([*[BOX[0]] * 3, -np.inf]), np.array([*[BOX[1]] * 3, np.inf])
+    if not free_c0:
+        lo, hi = lo[:3], hi[:3]
     best = None
     for _ in range(n_starts):
-        q0 = np.concatenate([rng.uniform(0.05, 5.0, 3), rng.uniform(-0.5, 0.5, 1)])
+        q0 = np.concatenate([rng.uniform(0.05, 5.0, 3), rng.uniform(-0.5, 0.5, 1)])[:lo.size]
         r = optimize.least_squares(res, q0, bounds=(lo, hi), method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12,
                                    gtol=1e-12, max_nfev=400)
         if best is None or r.cost < best.cost:
@@ -166,6 +172,23 @@ def test_fit_with_estimated_noise_result_saves_and_plots(tmp_path):
     assert len(fig.axes) == 2 + 3  # the states, then the observables
 
 
+def test_without_a_directly_observed_state_step3_starts_from_the_prior_box():
+    # y_C dropped: A and C are seen only through A + C and s * A; no GP, no gradient matching
+    observables = {"y_total": "A + C", "y_blot": "s*A"}
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=SD[1:], seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:], posterior="laplace",
+                           posterior_draws=100, posterior_chains=1, progressbar=False, seed=0)
+    ref = _reference_optimum(d["y"].values, SD[1:], columns=(1, 2), free_c0=False)
+    est = result.estimates
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x, rtol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    assert est.sizes["start"] == pgpgm.pipeline.BOX_STARTS
+    assert "steps 1-2 skipped" in est.attrs["sampling_stop_reason"]
+    assert result.gradient_matching is None and result.n_ode_solves["sampling"] == 0
+
+
 # ------------------------------------------------------------------ step 4
 @pytest.mark.parametrize("noise", [None, ("normal", "lognormal", "normal")])
 def test_step4_logp_is_the_hand_computed_posterior(noise):
@@ -228,8 +251,11 @@ def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
         (dict(data={**wide, "C": wide["y_C"]}), "are states"),
         (dict(data={k: v for k, v in wide.items() if k != "y_blot"}), r"observables \['y_blot'\] have no data"),
         (dict(data={**wide, "z": wide["y_C"]}), r"data columns \['z'\]"),
-        (dict(observables={"y_total": "A + C", "y_blot": "s*A"},
+        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, posterior=None,
               data={k: v for k, v in wide.items() if k != "y_C"}), "no state is measured directly"),
+        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, priors={"s": lambda name: pm.LogNormal(name, 0.0, 1.0)},
+              x0={"A": 10.0, "C": 0.0},
+              data={k: v for k, v in wide.items() if k != "y_C"}), r"\['s'\] have no box"),
         (dict(transform={"C": "log"}), "transform is not available"),
         (dict(x0_observed={"C": 0.0}), "x0_observed is not available"),
         (dict(fixed={"q": 1.0}), r"fixed names \['q'\]"),
@@ -251,7 +277,7 @@ def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
 @pytest.mark.slow
 def test_fit_with_nuts_covers_the_truth():
     # ~60 s: step 4 (NUTS on the ODE model with the observables' likelihood) compiles and samples
-    result = _fit(_data(seed=7), posterior_draws=300, posterior_tune=300, posterior_chains=2)
+    result = _fit(_data(seed=7), posterior_draws=300, posterior_tune=300, posterior_chains=2, posterior_budget=300)
     post = result.posterior.posterior
     for name, true in zip(("ka", "ke", "s"), TRUTH):
         lo, hi = np.quantile(post[name].values, [0.001, 0.999])
