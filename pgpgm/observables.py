@@ -126,9 +126,9 @@ class Observables:
                 raise ModelDefinitionError(f"observable name {name!r:.100} is not a valid identifier; name each "
                                            "observable like a state (letters, digits, _)")
             if name in taken:
+                hint = f" (e.g. 'y_{name}': '{name}' for the state measured directly)" if name in system.states else ""
                 raise ModelDefinitionError(f"observable name {name!r} is {taken[name]} of {system.name}; give the "
-                                           f"observable its own name (e.g. 'y_{name}': '{name}' for the state measured "
-                                           "directly)")
+                                           f"observable its own name{hint}")
             try:
                 expr = parse_expression(text, symbols, where=f"observable {name!r}")
             except ModelDefinitionError as err:

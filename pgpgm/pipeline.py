@@ -315,8 +315,9 @@ def fit(
     system's parameters (the result's ``system``) with the default prior box unless ``priors`` names
     them. Steps 3-4 fit h(t, x, theta, phi) (chain-rule Jacobian; ``noise``, ``noise_sd`` per
     observable); steps 1-2 use the identity observables (``"y_C": "C"``: C observed) and treat every
-    other state as latent (``x0`` as for latent states; ``kernel``/``gamma`` mappings by state); at
-    least one state must be measured directly. ``result.trajectories["h"]`` (estimate, time_dense,
+    other state as latent (``x0`` as for latent states; ``kernel``/``gamma`` mappings by state); with
+    no state measured directly, steps 1-2 are skipped and step 3 starts from a Latin hypercube over
+    the prior boxes (:func:`refine_from_box`). ``result.trajectories["h"]`` (estimate, time_dense,
     observable) holds the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
 
     Data: each observed state may have its own times and missing values (a tidy long
@@ -487,8 +488,9 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
     observables' data (``obs``, columns the observable names). Steps 1-2 (``matching``) fit a GP to each
     identity observable (a state measured directly) and match gradients with every other state latent:
     a sum, a scale times a state or any other function of several states and parameters cannot be
-    matched without knowing the parameters it involves, so those observables enter at step 3. At least
-    one state must be measured directly (a DataError says so otherwise)."""
+    matched without knowing the parameters it involves, so those observables enter at step 3. With no
+    state measured directly ``matching`` is None: steps 1-2 are skipped (:func:`refine_from_box`), which
+    needs a (lower, upper) box for every parameter and unknown initial value and a step 4."""
     if transform is not None:
         raise DataError("transform is not available with observables (it puts states on the log scale, and "
                         "observables are functions of the states on their own scale); leave transform out - "
