@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,8 @@ def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
     states = list(result.system.states)
     # observables (fit(observables=...)): a panel each after the states', with their data
     measures = [str(o) for o in traj["observable"].values] if "h" in traj else []
+    texts = json.loads(traj.attrs.get("observables", "{}"))
+    direct = {e: o for o, e in texts.items() if e in states}  # state -> its identity observable
     n = len(states) + len(measures)
     fig, axes = plt.subplots(1, n, figsize=(figsize_per_state[0] * n, figsize_per_state[1]),
                              squeeze=False, layout="constrained")
@@ -65,6 +68,8 @@ def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
             seen = np.isfinite(y)  # markers only where the state is measured
             ax.plot(t[seen], y[seen], "o", ms=3.5, color="tab:red", label="observations")
             ax.set_title(f"{s} (observed)")
+        elif s in direct:
+            ax.set_title(f"{s} (observed as {direct[s]})")
         else:
             ax.set_title(f"{s} (latent)")
         ax.set_xlabel("time")

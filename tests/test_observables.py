@@ -170,6 +170,8 @@ def test_fit_with_estimated_noise_result_saves_and_plots(tmp_path):
     assert back.system.parameters == ("ka", "ke", "s")
     fig = result.plot_states()
     assert len(fig.axes) == 2 + 3  # the states, then the observables
+    assert [ax.get_title() for ax in fig.axes] == ["A (latent)", "C (observed as y_C)", "y_C (observable)",
+                                                  "y_total (observable)", "y_blot (observable)"]
 
 
 def test_without_a_directly_observed_state_step3_starts_from_the_prior_box():
