@@ -174,6 +174,36 @@ def test_fit_with_estimated_noise_result_saves_and_plots(tmp_path):
                                                   "y_total (observable)", "y_blot (observable)"]
 
 
+def test_noise_models_and_fixed_observation_parameters():
+    # lognormal measurement noise on the total (y_blot falls to 1e-5, where the solver's absolute
+    # tolerance 1e-8 moves log mu by 1e-3): refinement_nll is scipy.stats' likelihood
+    d = _data(noise={"y_total": "lognormal"})
+    result = _fit(d, noise={"y_total": "lognormal"}, posterior=None)
+    est, traj = result.estimates, result.trajectories
+    theta = est["theta"].sel(estimate="refined").values
+    x = _solve(*theta[:2], est["x0"].values, TIMES)
+    mu, y, sd = _h(x, theta[2]), d["y"].values, traj["noise_sd"].values
+    nll = -(stats.norm(mu[:, 0], sd[0]).logpdf(y[:, 0]).sum() + stats.lognorm(s=sd[1], scale=mu[:, 1]).logpdf(
+        y[:, 1]).sum() + stats.norm(mu[:, 2], sd[2]).logpdf(y[:, 2]).sum())
+    np.testing.assert_allclose(est.attrs["refinement_nll"], nll, rtol=1e-6)
+    np.testing.assert_allclose(sd[1], SD[1], rtol=0.5)  # the sd of log y
+    np.testing.assert_allclose(theta, TRUTH, rtol=0.1)
+    # an observation parameter held fixed: the refinement is the scipy optimum over (ka, ke, C(0))
+    d = _data()
+    result = _fit(d, noise_sd=SD, posterior=None, fixed={"s": 2.5})
+    est = result.estimates
+    assert bool(est["fixed"].sel(parameter="s")) and float(est["stderr"].sel(parameter="s")) == 0.0
+
+    def res(q):
+        return ((_h(_solve(q[0], q[1], [X0[0], q[2]], TIMES), 2.5) - d["y"].values) / SD).ravel()
+
+    ref = min((optimize.least_squares(res, q0, bounds=([BOX[0]] * 2 + [-np.inf], [BOX[1]] * 2 + [np.inf]),
+                                      xtol=1e-12, ftol=1e-12, gtol=1e-12) for q0 in
+               np.random.default_rng(2).uniform([0.05, 0.05, -0.5], [5.0, 5.0, 0.5], (20, 3))), key=lambda r: r.cost)
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values[:2], ref.x[:2], rtol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+
+
 def test_without_a_directly_observed_state_step3_starts_from_the_prior_box():
     # y_C dropped: A and C are seen only through A + C and s * A; no GP, no gradient matching
     observables = {"y_total": "A + C", "y_blot": "s*A"}
