@@ -7,7 +7,8 @@ The package reads as the pipeline, each layer importing only the ones above it i
 - ``codegen/`` - sympy to numba source, templates specialised per model, the disk cache;
 - ``ode/`` - the model: equation language, :class:`ODESystem`, its compiled kernels, log transforms;
 - ``solve/`` - solver objects (one module per backend), the :class:`Integrator`, the PyTensor Op;
-- ``data``, ``priors`` - measurements and prior specifications;
+- ``data``, ``priors``, ``noise``, ``observables`` - measurements, prior specifications, noise models,
+  measured functions of the states (:class:`Observables`);
 - ``gp/`` - step 1, a Gaussian process per observed state;
 - ``matching/`` - step 2, the gradient-matching density and its sampler (:func:`sample`);
 - ``refinement/`` - step 3, least squares of the ODE solution (:func:`refine`), bound checks;
@@ -26,8 +27,8 @@ import lazy_loader as _lazy
 
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
-    submodules=["batch", "codegen", "data", "datasets", "errors", "gp", "matching", "ode", "pipeline", "posterior",
-                "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping", "study"],
+    submodules=["batch", "codegen", "data", "datasets", "errors", "gp", "matching", "observables", "ode", "pipeline",
+                "posterior", "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping", "study"],
     submod_attrs={
         "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
         "data": ["Observations"],
@@ -41,7 +42,8 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "pipeline": ["Laplace", "NUTS", "fit"],
         "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
         "priors": ["Priors"],
-        "refinement": ["LeastSquaresProblem", "Refinement", "refine"],
+        "observables": ["Observables"],
+        "refinement": ["LeastSquaresProblem", "ObservablesProblem", "Refinement", "refine"],
         "result": ["FitResult", "load_result"],
         "sensitivity": ["sensitivity_index"],
         "simulate": ["simulate"],

@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from .checks import as_float_array, check_count, check_gamma, noise_levels
-from .data import Observations, as_observations, initial_values
+from .data import Observations, as_observations, initial_value_priors, initial_values
 from .errors import DataError, IdentifiabilityWarning, ODESolveError
 from .gp import GPFit
 from .gp.kernels import KERNELS
@@ -31,6 +31,7 @@ from .matching.density import (
     gradient_matching_density,
     per_state,
 )
+from .observables import Observables
 from .ode.system import ODESystem
 from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .posterior.nuts import (
@@ -44,7 +45,7 @@ from .posterior.nuts import (
     run_nuts,
 )
 from .priors import Priors, PriorSpec
-from .refinement import LeastSquaresProblem, Refinement, refine
+from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
 from .result import FitResult, assemble
 from .solve import Integrator, Solver
@@ -123,7 +124,10 @@ class Prepared:
     of the likelihood (fixed parameters substituted, lognormal states on the log scale); ``matching``
     the problem of steps 1-2 (the data as given or on the log scale); ``scales`` the log-scale plan
     (None: none); ``fixed`` the fixed parameters' values; ``priors`` and ``init`` without them;
-    ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout)."""
+    ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout); with observables
+    (``observables``, of the fitted system; ``observables_full`` of the full one; ``likelihood_priors``
+    the priors of theta and phi) ``matching`` is None when no state is measured directly (steps 1-2
+    skipped, :func:`refine_from_box`)."""
 
     full: ODESystem
     system: ODESystem
@@ -140,6 +144,18 @@ class Prepared:
     true_theta: Any
     noise: MeasurementNoise | None = None
     x0_observed: dict[str, float] | None = None
+    observables: Observables | None = None
+    observables_full: Observables | None = None
+    likelihood_priors: Priors | None = None
+
+    @property
+    def direct(self) -> tuple[str, ...]:
+        """The states measured directly (the observed states; with observables, those of the identity
+        observables, in the data's order)."""
+        if self.observables is None:
+            return tuple(self.obs.states)
+        ident = self.observables.identity
+        return tuple(ident[n] for n in self.obs.states if n in ident)
 
     @property
     def on_log_for_matching(self) -> bool:
@@ -176,6 +192,8 @@ class Refined:
     x0_sampled: np.ndarray
     noise_start: np.ndarray
     unknown: tuple[str, ...]
+    priors: Priors | None = None
+    x0_priors: dict | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,6 +242,7 @@ def fit(
     grid=None,
     fixed: Mapping[str, float] | None = None,
     x0_observed: Mapping[str, float] | None = None,
+    observables: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Infer the parameters and latent states of ``system`` from partial observations.
 
@@ -290,6 +309,17 @@ def fit(
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
 
+    ``observables`` (mapping data column -> expression, :mod:`pgpgm.observables`): the data measure
+    these functions of the states, e.g. ``{"y_C": "C", "y_total": "A + C", "y_blot": "s * A"}``; names
+    that are neither states nor parameters (``s``) are observation parameters, appended to the
+    system's parameters (the result's ``system``) with the default prior box unless ``priors`` names
+    them. Steps 3-4 fit h(t, x, theta, phi) (chain-rule Jacobian; ``noise``, ``noise_sd`` per
+    observable); steps 1-2 use the identity observables (``"y_C": "C"``: C observed) and treat every
+    other state as latent (``x0`` as for latent states; ``kernel``/``gamma`` mappings by state); with
+    no state measured directly, steps 1-2 are skipped and step 3 starts from a Latin hypercube over
+    the prior boxes (:func:`refine_from_box`). ``result.trajectories["h"]`` (estimate, time_dense,
+    observable) holds the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
+
     Data: each observed state may have its own times and missing values (a tidy long
     DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
     at least 3 measurements per state). Each state's GP is fitted to its own measurements;
@@ -336,17 +366,29 @@ def fit(
                           posterior_chains=posterior_chains, posterior_rounds=posterior_rounds,
                           posterior_budget=posterior_budget, nuts_sampler=nuts_sampler, cores=cores,
                           progressbar=progressbar, stop=stop, grid=grid)
-    prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
-                       true_theta=true_theta, x0_observed=x0_observed)
-    matched = match(prepared, options, timings, t0)  # steps 1-2
+    if observables is not None:  # measured functions of the states (pgpgm.observables)
+        prepared = prepare_observables(system, data, observed, options, observables=observables, x0=x0, noise=noise,
+                                       transform=transform, fixed=fixed, true_theta=true_theta,
+                                       x0_observed=x0_observed)
+    else:
+        prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
+                           true_theta=true_theta, x0_observed=x0_observed)
     t2 = time.perf_counter()
-    refined = refine_step(prepared, matched, options)  # step 3
+    if prepared.matching is None:  # observables only, no state measured directly: no steps 1-2
+        matched = None
+        refined = refine_from_box(prepared, options)  # step 3 from starts spread over the prior box
+    else:
+        matched = match(prepared, options, timings, t0)  # steps 1-2
+        t2 = time.perf_counter()
+        refined = refine_step(prepared, matched, options)  # step 3
     timings["refinement"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     post = posterior_step(prepared, matched, refined, options)  # step 4
     timings["posterior"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     result = report(prepared, matched, refined, post, options, timings)
+    if prepared.observables is not None:
+        _add_observables(result, prepared, refined)
     if prepared.noise is not None:  # which likelihood, and what noise_sd holds per state
         plan = prepared.noise
         result.estimates.attrs["noise"] = json.dumps(dict(zip(prepared.obs.states, plan.names)))
@@ -436,6 +478,311 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
                     measurement, x0_observed)
 
 
+# ----------------------------------------------------------------------------- observables
+def prepare_observables(system: ODESystem, data, observed, options: FitOptions, *, observables, x0, noise, transform,
+                        fixed, true_theta, x0_observed=None) -> Prepared:
+    """The problem :func:`fit` solves when the data measure ``observables`` (:mod:`pgpgm.observables`),
+    every input checked before anything is compiled.
+
+    Steps 3-4 fit the system extended by the observation parameters (``system``, ``full``) to the
+    observables' data (``obs``, columns the observable names). Steps 1-2 (``matching``) fit a GP to each
+    identity observable (a state measured directly) and match gradients with every other state latent:
+    a sum, a scale times a state or any other function of several states and parameters cannot be
+    matched without knowing the parameters it involves, so those observables enter at step 3. With no
+    state measured directly ``matching`` is None: steps 1-2 are skipped (:func:`refine_from_box`), which
+    needs a (lower, upper) box for every parameter and unknown initial value and a step 4."""
+    if transform is not None:
+        raise DataError("transform is not available with observables (it puts states on the log scale, and "
+                        "observables are functions of the states on their own scale); leave transform out - "
+                        "noise={'<observable>': 'lognormal'} gives lognormal measurement noise on an observable")
+    if x0_observed is not None:
+        raise DataError("x0_observed is not available with observables; give known initial values of the states "
+                        "in x0 (a state measured only through observables is latent)")
+    spec = Observables.parse(observables, system)
+    measured = ODESystem.from_equations({n: "0" for n in spec.names}, [], name="the observables")
+    if not (isinstance(data, xr.Dataset) or _is_table(data)):
+        raise DataError("data must be a Dataset from pgpgm.simulate(..., observables=...), or a DataFrame/dict with "
+                        "a 'time' column and one column per observable")
+    columns = _data_columns(data)
+    states_given = [c for c in columns if c in system.states]
+    if states_given:
+        raise DataError(f"with observables, data columns name observables; {states_given} are states: add an identity "
+                        f"observable for each (e.g. observables={{'y_{states_given[0]}': '{states_given[0]}', ...}}) "
+                        "and name the column after it")
+    obs = as_observations(data, observed, measured, grid=options.grid)
+    missing = [n for n in spec.names if n not in obs.states]
+    if missing:
+        raise DataError(f"observables {missing} have no data (data has {list(obs.states)}); give a column for each "
+                        "observable or leave it out of observables")
+    spec = Observables.parse({n: observables[n] for n in obs.states}, system)  # in the data's order
+    ident = spec.identity
+    direct = [n for n in obs.states if n in ident]
+    if not direct and options.posterior is None:
+        raise DataError(f"no state is measured directly (the observables {dict(spec.texts())} are functions of "
+                        "states and parameters), so steps 1-2 (a GP per observed state, gradient matching) do not "
+                        "run and there are no chains to be the posterior: use posterior='nuts' or 'laplace', or add an "
+                        f"identity observable such as {{'y_{system.states[0]}': '{system.states[0]}'}} if a state is "
+                        "measured directly")
+    twice = sorted({ident[n] for n in direct if [ident[k] for k in direct].count(ident[n]) > 1})
+    if twice:
+        raise DataError(f"states {twice} are each measured by several identity observables; give one column per state")
+    cols = [obs.states.index(n) for n in direct]
+    noise_sd = options.noise_sd
+    if noise_sd is not None:
+        noise_levels(noise_sd, len(obs.states))
+    measurement = measurement_noise(noise, obs, noise_sd, None)  # None: Gaussian on every observable
+    if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
+        x0 = np.asarray(data.attrs["x0"], float)
+    gm_sd = None
+    if noise_sd is not None:  # the GP's sd, in the data's units (a lognormal sd of log y times the median y)
+        sd = np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)).copy()
+        if measurement is not None:
+            for m, n in enumerate(measurement.names):
+                if n == "lognormal":
+                    sd[m] *= float(np.nanmedian(np.abs(obs.values[:, m])))
+        gm_sd = sd[cols]
+    gm_data = {"time": obs.times, **{ident[n]: obs.values[:, m] for n, m in zip(direct, cols)}}
+    gm_obs = as_observations(gm_data, [ident[n] for n in direct], system, grid=obs.times) if direct else None
+    per_state(options.kernel, gm_obs.states if direct else (), "kernel")  # a mapping names direct states only
+    for v in per_state(options.gamma, gm_obs.states if direct else (), "gamma"):
+        check_gamma(v)
+    full = spec.extend(system)
+    if true_theta is not None:
+        tt = as_float_array(true_theta, "true_theta")
+        if tt.shape != (full.n_parameters,) or not np.all(np.isfinite(tt)):
+            raise DataError(f"true_theta must be {full.n_parameters} finite numbers {list(full.parameters)} (the "
+                            f"parameters, then the observation parameters), got {true_theta!r}")
+    fixed, priors, init = dict(fixed or {}), options.priors, options.init
+    fit_system, gm_system, fit_spec = full, system, spec
+    if fixed:
+        fit_system = full.fix(fixed)  # checks the names (parameters and observation parameters) and values
+        fixed = {k: float(v) for k, v in fixed.items()}
+        gm_system = system.fix({k: v for k, v in fixed.items() if k in system.parameters})
+        fit_spec = spec.fix(fixed)
+        if isinstance(priors, Mapping):
+            priors = {k: v for k, v in priors.items() if k not in fixed}
+        if not isinstance(init, str):
+            values = as_float_array(init, "init")
+            if values.shape == (system.n_parameters,):
+                init = values[[system.parameters.index(p) for p in gm_system.parameters]]
+    likelihood_priors = Priors.from_user(fit_system.parameters, priors)
+    gm_priors = ({k: v for k, v in priors.items() if k in gm_system.parameters} if isinstance(priors, Mapping)
+                 else priors)
+    initial_values(gm_system, gm_data, x0, gm_system.index_of_states(gm_obs.states) if direct else [])
+    if not direct:  # step 3 from the prior box: every box must be finite
+        unbounded = [p for p, sp_ in zip(likelihood_priors.names, likelihood_priors.specs) if callable(sp_)]
+        unbounded += [s for s, v in initial_value_priors(system, x0, []).items() if callable(v)]
+        if unbounded:
+            raise DataError(f"no state is measured directly, so step 3 starts from points spread over the prior "
+                            f"boxes; {unbounded} have no box: give them (lower, upper) priors")
+    gm = Problem(gm_system, gm_data, gm_obs, x0, gm_sd) if direct else None
+    return Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
+                    true_theta, measurement, None, fit_spec, spec, likelihood_priors)
+
+
+def _is_table(data) -> bool:
+    import pandas as pd
+
+    return isinstance(data, (pd.DataFrame, Mapping))
+
+
+def _data_columns(data) -> list[str]:
+    """The measured names of ``data`` (a simulated Dataset's ``observed``, a long table's ``state``
+    values, a wide table's columns but ``time``)."""
+    import pandas as pd
+
+    if isinstance(data, xr.Dataset):
+        return [str(v) for v in data["observed"].values] if "observed" in data.coords else []
+    if isinstance(data, pd.DataFrame) and {"time", "state", "value"} <= set(data.columns):
+        return [str(v) for v in pd.unique(data["state"])]
+    return [str(k) for k in data if k != "time"]
+
+
+def profile_phi(spec: Observables, integrator: Integrator, y: np.ndarray, theta: np.ndarray, x0: np.ndarray,
+                bounds: np.ndarray | None, n_theta: int) -> np.ndarray:
+    """(F,) start of the observation parameters for the start (theta (P,), x0 (S,)): with the trajectory
+    solved once, least squares over phi alone of the observables' residuals, each observable scaled by
+    the sd of its data, from the middle of phi's prior box (from 1 without a box). The observation
+    parameters (scales, offsets) enter h directly, so this cheap fit puts them where the chains' theta
+    explains the data best; step 3 then refines everything jointly."""
+    from scipy import optimize
+
+    F = len(spec.parameters) - n_theta
+    if F == 0:
+        return np.zeros(0)
+    lo, hi = ((bounds[n_theta:, 0], bounds[n_theta:, 1]) if bounds is not None else (np.full(F, -np.inf),
+                                                                                   np.full(F, np.inf)))
+    phi0 = np.where(np.isfinite(lo) & np.isfinite(hi), (lo + hi) / 2, 1.0)
+    try:
+        x = integrator.solve(np.concatenate([theta, phi0]), x0)
+    except ODESolveError:
+        return phi0
+    t, mask = integrator.times, np.isfinite(y)
+    scale = np.array([float(np.std(y[mask[:, o], o])) or 1.0 for o in range(y.shape[1])])
+
+    def res(phi):
+        with np.errstate(all="ignore"):
+            r = (spec.values(t, x, np.concatenate([theta, phi])) - y) / scale
+        return np.where(np.isfinite(r), r, 1e6)[mask]
+
+    def jac(phi):
+        _, dp = spec.jacobians(t, x, np.concatenate([theta, phi]))
+        return (dp[:, :, n_theta:] / scale[None, :, None])[mask]
+
+    try:
+        return optimize.least_squares(res, phi0, jac=jac, bounds=(lo, hi), method="trf", max_nfev=100).x
+    except (ValueError, np.linalg.LinAlgError):
+        return phi0
+
+
+def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions) -> Refined:
+    """Step 3 with observables: least squares of the observables' residuals
+    (:class:`~pgpgm.refinement.ObservablesProblem`) over (theta, phi, free initial values) from the
+    chains' pooled mean and each chain's mean, phi started by :func:`profile_phi`; the best by
+    likelihood. The noise sds start at the GP's for identity observables and at the residual sd of the
+    pooled start for the others."""
+    system, density, run, spec, obs = prepared.system, matched.density, matched.run, prepared.observables, prepared.obs
+    post = run.tree.posterior
+    gm_params = prepared.matching.system.parameters
+    P = len(gm_params)
+    prior = prepared.likelihood_priors
+    bounds = prior.bounds
+    unknown = tuple(system.states[i] for i in density.unknown_x0_idx)
+    free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx
+
+    def start(sel) -> tuple[np.ndarray, np.ndarray]:  # (theta (P,), x0 (S,)) the chains' means (sel: all or one)
+        mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())
+        theta = np.array([float(post[p].sel(**sel).mean()) for p in gm_params])
+        x0 = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]),
+                      dtype=float)
+        return theta, x0
+
+    integrator = matched.integrator
+    theta_s, x0_full = start({})
+    phi_s = profile_phi(spec, integrator, obs.values, theta_s, x0_full, bounds, P)
+    sels = {"pooled mean": {}} | ({f"chain {c} mean": {"chain": c} for c in post.chain.values}
+                                  if post.sizes["chain"] > 1 else {})
+    starts = {}
+    for name, sel in sels.items():
+        theta, x0 = (theta_s, x0_full) if not sel else start(sel)
+        phi = phi_s if not sel else profile_phi(spec, integrator, obs.values, theta, x0, bounds, P)
+        starts[name] = np.concatenate([theta, phi, x0[list(free_x0)]])
+    # noise sds: the GP's for directly observed states, the residual sd at the pooled start for the others
+    O = len(obs.states)
+    noise_start = np.empty(O)
+    try:
+        resid = spec.values(integrator.times, integrator.solve(np.concatenate([theta_s, phi_s]), x0_full),
+                            np.concatenate([theta_s, phi_s])) - obs.values
+    except ODESolveError:
+        resid = np.full(obs.values.shape, np.nan)
+    direct = dict(zip(prepared.direct, density.noise_sd))
+    for o, n in enumerate(obs.states):
+        y = obs.state_values(o)
+        floor = 1e-3 * (float(np.std(y)) or float(np.max(np.abs(y))) or 1.0)
+        if n in spec.identity and spec.identity[n] in direct:
+            noise_start[o] = direct[spec.identity[n]]
+        else:
+            r = resid[obs.mask[:, o], o]
+            noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
+    if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
+        noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
+    plan = prepared.noise
+    if plan is None:
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
+    else:
+        noise_start = noise_parameters_start(plan, obs, noise_start)
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0,
+                                        noise=plan.names)
+    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
+    refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
+                        for q in starts.values())
+    usable = [r for r in refinements if np.isfinite(r.nll)]
+    if not usable:
+        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
+    best: Refinement = min(usable, key=lambda r: r.nll)
+    if best.undetermined:
+        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
+                      "fix or give tighter priors to some of them, or measure more", IdentifiabilityWarning,
+                      stacklevel=3)
+    return Refined(best, refinements, starts, problem, np.concatenate([theta_s, phi_s]), x0_full, noise_start,
+                   unknown, prior)
+
+
+#: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
+BOX_STARTS = 20
+
+
+def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX_STARTS) -> Refined:
+    """Step 3 when no state is measured directly (observables only, so no steps 1-2): least squares of
+    the observables' residuals from ``n_starts`` points of a Latin hypercube (seeded by the fit's seed)
+    over the prior boxes of theta, phi and the unknown latent initial values; the best by likelihood.
+    Noise sds start at the given ones, else at 10 % of each observable's data sd, and are estimated.
+    ``theta_sampled`` and ``x0_sampled`` are the best refinement's start."""
+    from scipy.stats import qmc
+
+    system, spec, obs = prepared.system, prepared.observables, prepared.obs
+    prior = prepared.likelihood_priors
+    x0_priors = {s: v for s, v in initial_value_priors(system, prepared.x0, []).items()}
+    unknown = tuple(s for s in system.states if s in x0_priors)
+    free_x0 = tuple(system.states.index(s) for s in unknown)
+    x0_full = initial_values(system, None, prepared.x0, [])
+    box = np.vstack([prior.bounds.reshape(-1, 2)] + [np.array([x0_priors[s]], float) for s in unknown])
+    x0_full[list(free_x0)] = box[len(prior.names):].mean(axis=1)
+    u = qmc.LatinHypercube(d=box.shape[0], seed=options.seed).random(n_starts)
+    inner = box[:, 0] + (box[:, 1] - box[:, 0]) * (0.02 + 0.96 * u)  # inside the box, off its faces
+    starts = {f"box start {i}": q for i, q in enumerate(inner)}
+    O = len(obs.states)
+    if options.noise_sd is not None:
+        noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
+    else:
+        noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
+    integrator = Integrator(system, obs.times, options.solver)
+    plan = prepared.noise
+    if plan is None:
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
+    else:
+        noise_start = noise_parameters_start(plan, obs, noise_start)
+        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0,
+                                        noise=plan.names)
+    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
+    refinements = tuple(refine(problem, q, prior.bounds, estimate_noise=estimate_noise, warn=False)
+                        for q in starts.values())
+    usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
+    if not usable:
+        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
+    k = min(usable, key=lambda j: refinements[j].nll)
+    best = refinements[k]
+    if best.undetermined:
+        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
+                      "fix or give tighter priors to some of them, or measure more", IdentifiabilityWarning,
+                      stacklevel=3)
+    theta0, x0_start = problem.split(inner[k])
+    return Refined(best, refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior, x0_priors)
+
+
+def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) -> None:
+    """The observables' trajectories ``h`` (estimate, time_dense, observable) beside the states' ``x``,
+    integrated from each estimate (NaN where a solve failed), and the observables' expressions
+    (``trajectories.attrs["observables"]``, JSON) and observation parameters
+    (``estimates.attrs["observation_parameters"]``, JSON)."""
+    traj, est = result.trajectories, result.estimates
+    spec, full_spec = prepared.observables, prepared.observables_full
+    t = traj["time_dense"].values
+    theta = {"sampled": refined.theta_sampled, "refined": refined.best.theta}
+    rows = []
+    for label in traj["estimate"].values:
+        x = traj["x"].sel(estimate=label).values
+        if label == "truth":
+            rows.append(full_spec.values(t, x, est["truth"].values) if np.all(np.isfinite(x)) else
+                        np.full((t.size, spec.n), np.nan))
+            continue
+        rows.append(spec.values(t, x, theta[str(label)]) if np.all(np.isfinite(x)) else np.full((t.size, spec.n), np.nan))
+    result.trajectories["h"] = (("estimate", "time_dense", "observable"), np.stack(rows))
+    result.trajectories.coords["observable"] = list(spec.names)
+    result.trajectories.attrs["observables"] = json.dumps(full_spec.texts())
+    result.estimates.attrs["observation_parameters"] = json.dumps(list(full_spec.observation_parameters))
+
+
 def match(prepared: Prepared, options: FitOptions, timings: dict, t0: float) -> Matched:
     """Steps 1-2: a GP per observed state, the gradient-matching density, its chains (in this process:
     worker processes would each compile the model again), stopped by ``options.stop``."""
@@ -446,7 +793,8 @@ def match(prepared: Prepared, options: FitOptions, timings: dict, t0: float) -> 
     gm_integrator = integrator if gm.system is system else Integrator(gm.system, obs.times, integrator.solver)
     density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=prepared.kernel,
                                         gamma=prepared.gamma, priors=prepared.priors, noise_sd=gm.noise_sd,
-                                        gp_fits=gps, solver=gm_integrator, seed=options.seed, grid=options.grid)
+                                        gp_fits=gps, solver=gm_integrator, seed=options.seed,
+                                        grid=options.grid if prepared.observables is None else obs.times)
     t1 = time.perf_counter()
     stop, own_rule = options.stop, isinstance(options.stop, str) and options.stop == "agree"
     if own_rule:  # its checks refine step 3's problem
@@ -462,6 +810,8 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
     """Step 3: least squares of the ODE solution from the chains' pooled mean and each chain's mean (or,
     when fit's stop rule stopped the chains, from the best optimum its last check refined them to),
     and from the stop rule's box search; the best by likelihood."""
+    if prepared.observables is not None:
+        return refine_observables(prepared, matched, options)
     system, density, run, scales = prepared.system, matched.density, matched.run, prepared.scales
     post = run.tree.posterior
     theta_s = np.array([float(post[p].mean()) for p in system.parameters])
@@ -533,10 +883,15 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
 def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:
     """Step 4: NUTS on the ODE model from the refined optimum (each separate mode's mean refined: which
     optimum it belongs to), the Laplace approximation, or step 2's chains (``options.posterior`` None)."""
-    system, obs, density, ref = prepared.system, prepared.obs, matched.density, refined.best
+    system, obs, ref = prepared.system, prepared.obs, refined.best
+    density = matched.density if matched is not None else None  # None: no steps 1-2 (refine_from_box)
     spec = options.posterior
+    prior = density.priors if refined.priors is None else refined.priors  # with observables: phi's too
+    x0_priors = (dict(zip(refined.unknown, density.x0_priors.specs)) if refined.x0_priors is None
+                 else refined.x0_priors)
     t = obs.times
-    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), matched.integrator.solver)
+    solver = refined.problem.integrator.solver  # step 3's (matched.integrator's)
+    dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), solver)
     if isinstance(spec, NUTS):
         plan = prepared.noise
         if plan is None:
@@ -544,12 +899,12 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         else:  # sds' priors about their starts (as the Gaussian ones), alpha's about its refined value
             noise_args = {"noise": plan.names, "noise_sd": plan.known,
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
-        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=density.priors, **noise_args,
-                                        solver=matched.integrator.solver, dense_times=dense.times,
-                                        x0_priors=dict(zip(refined.unknown, density.x0_priors.specs)),
-                                        log_scale=log_scale_names(density.priors, ref.theta, ref.stderr),
-                                        **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}))
-        initial = tuple(s for s in (*obs.states, *refined.unknown) if s not in (prepared.x0_observed or {}))
+        model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
+                                        solver=solver, dense_times=dense.times, x0_priors=x0_priors,
+                                        log_scale=log_scale_names(prior, ref.theta, ref.stderr),
+                                        **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),
+                                        **({"observables": prepared.observables} if prepared.observables else {}))
+        initial = tuple(s for s in (*prepared.direct, *refined.unknown) if s not in (prepared.x0_observed or {}))
         center, sd = _refined_point(layout, ref, obs, initial)
         names = {**{p: p for p in layout.parameters},
                  **{f"x0[{s}]": n for s, n in zip(initial, layout.initial)}}
@@ -562,7 +917,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
             m = mode["mean"]
             q0 = np.array([m[p] for p in layout.parameters]
                           + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
-            r = refine(refined.problem, q0, density.priors.bounds, warn=False,
+            r = refine(refined.problem, q0, prior.bounds, warn=False,
                        estimate_noise=options.noise_sd is None if prepared.noise is None else prepared.noise.estimated)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
         run.tree.attrs["pgpgm_modes"] = json.dumps(modes)
@@ -582,8 +937,12 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
            timings: dict) -> FitResult:
     """Diagnostics and warnings (convergence, bounds), then the :class:`FitResult`
     (:func:`pgpgm.result.assemble`)."""
-    system, spec, run = prepared.system, options.posterior, matched.run
-    diagnostics = {"gradient_matching": diagnose(run.tree, system.parameters)}
+    system, spec = prepared.system, options.posterior
+    run = matched.run if matched is not None else None  # None: no steps 1-2 (refine_from_box)
+    diagnostics = {}
+    if run is not None:
+        sampled = system.parameters if prepared.observables is None else prepared.matching.system.parameters  # no phi
+        diagnostics["gradient_matching"] = diagnose(run.tree, sampled)
     if isinstance(spec, NUTS):
         diagnostics["posterior"] = diagnose(post.tree, post.free)
     if not isinstance(spec, Laplace):
@@ -595,24 +954,30 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
     draws = ({p: post.tree.posterior[p].values for p in system.parameters if p in post.tree.posterior}
              if spec is not None else None)
-    at_bounds = bound_report(matched.density.priors, refined.best.theta, draws, stderr=refined.best.stderr)
+    prior = refined.priors if refined.priors is not None else matched.density.priors
+    at_bounds = bound_report(prior, refined.best.theta, draws, stderr=refined.best.stderr)
     warn_at_bounds(at_bounds, stacklevel=4)
     data, true_theta = prepared.data, prepared.true_theta
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
     x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
                else refined.x0_sampled)
-    solves = {"sampling": matched.n_solves, "refinement": sum(r.n_solves for r in refined.refinements),
-              "posterior": post.solves}
-    return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed, tree=run.tree,
+    solves = {"sampling": matched.n_solves if matched is not None else 0,
+              "refinement": sum(r.n_solves for r in refined.refinements), "posterior": post.solves}
+    stopping = ((run.stopped, run.reason, list(run.iterations)) if run is not None else
+                (False, f"no state measured directly: steps 1-2 skipped, step 3 from {len(refined.starts)} starts "
+                 "spread over the prior box", []))
+    return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed,
+                    tree=run.tree if run is not None else None,
                     main=post.tree, has_posterior=spec is not None, theta_sampled=refined.theta_sampled,
                     x0_sampled=refined.x0_sampled, best=refined.best, refinements=refined.refinements,
                     starts=tuple(refined.starts), unknown=refined.unknown, at_bounds=at_bounds,
-                    stopping=(run.stopped, run.reason, list(run.iterations)),
+                    stopping=stopping,
                     noise_given=(options.noise_sd is not None if prepared.noise is None
                                  else not refined.best.noise_estimated.any()),
-                    noise_gp=matched.density.noise_sd, true_theta=true_theta, x0_true=x0_true,
-                    solver=matched.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
+                    noise_gp=matched.density.noise_sd if prepared.observables is None else refined.noise_start,
+                    true_theta=true_theta, x0_true=x0_true,
+                    solver=refined.problem.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
                     diagnostics=diagnostics)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,14 +35,20 @@ def _band(post, name: str):
 
 
 def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
-    """One panel per state: the ground truth (if known), the observations, the trajectories
+    """One panel per state (then one per observable of ``fit(observables=...)``, with its data): the
+    ground truth (if known), the observations, the trajectories
     integrated from the sampled, refined and posterior-mean parameters, the 94 % band of the
     main posterior (every state, latent ones included) and of the gradient-matching chains."""
     import matplotlib.pyplot as plt
 
     traj = result.trajectories
     states = list(result.system.states)
-    fig, axes = plt.subplots(1, len(states), figsize=(figsize_per_state[0] * len(states), figsize_per_state[1]),
+    # observables (fit(observables=...)): a panel each after the states', with their data
+    measures = [str(o) for o in traj["observable"].values] if "h" in traj else []
+    texts = json.loads(traj.attrs.get("observables", "{}"))
+    direct = {e: o for o, e in texts.items() if e in states}  # state -> its identity observable
+    n = len(states) + len(measures)
+    fig, axes = plt.subplots(1, n, figsize=(figsize_per_state[0] * n, figsize_per_state[1]),
                              squeeze=False, layout="constrained")
     t = traj["time"].values
     gm = result.gradient_matching.posterior if result.gradient_matching is not None else None
@@ -61,8 +68,22 @@ def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
             seen = np.isfinite(y)  # markers only where the state is measured
             ax.plot(t[seen], y[seen], "o", ms=3.5, color="tab:red", label="observations")
             ax.set_title(f"{s} (observed)")
+        elif s in direct:
+            ax.set_title(f"{s} (observed as {direct[s]})")
         else:
             ax.set_title(f"{s} (latent)")
+        ax.set_xlabel("time")
+    for ax, o in zip(axes[0][len(states):], measures):
+        for est in traj["estimate"].values:
+            style = "--" if est == "truth" else "-"
+            ax.plot(traj["time_dense"], traj["h"].sel(estimate=est, observable=o), style, color=_COLORS[str(est)],
+                    lw=1.5, label=f"{est} trajectory" if est != "truth" else "ground truth")
+        if (b := _band(main, o)) is not None:
+            ax.fill_between(b[0], b[1], b[2], color=_COLORS["posterior"], alpha=0.3, label="posterior 94 %")
+        y = traj["y"].sel(observed=o).values
+        seen = np.isfinite(y)
+        ax.plot(t[seen], y[seen], "o", ms=3.5, color="tab:red", label="observations")
+        ax.set_title(f"{o} (observable)")
         ax.set_xlabel("time")
     axes[0][0].legend(fontsize=7)
     return fig

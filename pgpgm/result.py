@@ -480,7 +480,7 @@ def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, flo
         coords={"estimate": labels, "time_dense": dense.times, "time": t, "state": list(system.states),
                 "observed": list(obs.states)},
     )
-    return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics))
+    return FitResult(full, main, est, traj, timings, solves, tree, _stack_diagnostics(diagnostics) if diagnostics else None)
 
 
 def _stack_diagnostics(diagnostics: Mapping[str, xr.Dataset]) -> xr.Dataset:

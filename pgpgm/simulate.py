@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numbers
 from collections.abc import Mapping, Sequence
 
@@ -11,6 +12,7 @@ import xarray as xr
 from .checks import as_float_array, check_times
 from .errors import DataError
 from .logscale import NOISE_MODELS, model_name, per_state
+from .observables import Observables
 from .ode.system import ODESystem
 from .solve import Integrator, Solver
 
@@ -29,6 +31,7 @@ def simulate(
     missing: float = 0.0,
     noise: str | Mapping[str, str] | None = None,
     alpha: float | Sequence[float] | None = None,
+    observables: Mapping[str, str] | None = None,
 ) -> xr.Dataset:
     """Integrate the system and add noise to the observed states: Gaussian (additive) or
     lognormal (multiplicative).
@@ -60,6 +63,11 @@ def simulate(
         every observed state is a count; the Dataset's ``noise_sd`` is NaN for count states). Fit
         such data with ``pgpgm.fit(..., noise=...)`` and the same names.
     alpha : the dispersion of the ``"negbin"`` states: one number or one per negbin state
+    observables : ``{name: expression}`` (:mod:`pgpgm.observables`): measure these functions of the
+        states instead of the states; ``observed``, ``times``, ``noise_sd``, ``noise`` then name
+        observables, and ``theta`` (P + F,) holds the system's parameters followed by the observation
+        parameters (``Observables.parse(observables, system).parameters``). Fit the data with
+        ``pgpgm.fit(..., observables=...)`` and the same mapping.
 
     Returns
     -------
@@ -70,10 +78,19 @@ def simulate(
         model of each observed state (``noise``, in the order of ``observed``).
     """
     # input checks, before any solve
-    observed = list(system.states if observed is None else [observed] if isinstance(observed, str) else observed)
+    meas = None if observables is None else Observables.parse(observables, system)
+    names = system.states if meas is None else meas.names
+    observed = list(names if observed is None else [observed] if isinstance(observed, str) else observed)
     if not observed or not all(isinstance(s, str) for s in observed):
         raise DataError(f"observed must be a state name or a non-empty list of state names, got {observed!r}")
-    idx = system.index_of_states(observed)
+    if meas is None:
+        idx = system.index_of_states(observed)
+    else:
+        unknown = [o for o in observed if o not in meas.names]
+        if unknown or len(set(observed)) != len(observed):
+            raise DataError(f"observed must name distinct observables of {list(meas.names)}, got {observed}")
+        idx = [meas.names.index(o) for o in observed]
+    n_theta = system.n_parameters if meas is None else len(meas.parameters)
     models = {s: model_name(v) for s, v in per_state(noise, "noise", NOISE_MODELS, observed, "normal").items()}
     lognormal = np.array([models[s] == "lognormal" for s in observed])
     counts = np.array([models[s] in ("poisson", "negbin") for s in observed])
@@ -92,9 +109,9 @@ def simulate(
         raise DataError("snr sets additive noise; for lognormal states give noise_sd (the sd of log y), "
                         f"e.g. noise_sd=0.1 for about 10 % error (lognormal: {list(np.array(observed)[lognormal])})")
     theta_ = as_float_array(theta, "theta")
-    if theta_.shape != (system.n_parameters,) or not np.all(np.isfinite(theta_)):
-        raise DataError(f"theta must be {system.n_parameters} finite numbers {list(system.parameters)}, "
-                        f"got shape {theta_.shape}")
+    if theta_.shape != (n_theta,) or not np.all(np.isfinite(theta_)):
+        raise DataError(f"theta must be {n_theta} finite numbers "
+                        f"{list(system.parameters if meas is None else meas.parameters)}, got shape {theta_.shape}")
     x0_ = as_float_array(x0, "x0")
     if x0_.shape != (system.n_states,) or not np.all(np.isfinite(x0_)):
         raise DataError(f"x0 must be {system.n_states} finite numbers {list(system.states)}, got shape {x0_.shape}")
@@ -123,8 +140,8 @@ def simulate(
     if not (seed is None or isinstance(seed, np.random.Generator)
             or (isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_)) and seed >= 0)):
         raise DataError(f"seed must be a whole number >= 0, a numpy Generator or None, got {seed!r}")
-    truth = Integrator(system, times, solver).solve(theta, x0)
-    signal = truth[:, idx]
+    truth = Integrator(system, times, solver).solve(theta_[:system.n_parameters], x0)
+    signal = truth[:, idx] if meas is None else meas.values(times, truth, theta_)[:, idx]
     if snr is not None:
         if not snr > 0:
             raise DataError(f"snr must be positive, got {snr}")
@@ -175,11 +192,12 @@ def simulate(
         attrs={
             "system": system.name,
             "theta": np.asarray(theta, float).tolist(),
-            "parameters": list(system.parameters),
+            "parameters": list(system.parameters if meas is None else meas.parameters),
             "x0": np.asarray(x0, float).tolist(),
             "seed": seed if isinstance(seed, int) else -1,
             "snr": -1.0 if snr is None else float(snr),
             "missing": float(miss),
             "noise": [models[s] for s in observed],
+            **({} if meas is None else {"observables": json.dumps(meas.texts())}),
         },
     )

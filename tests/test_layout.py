@@ -21,7 +21,8 @@ LAYERS = (
     ("pgpgm.codegen",),  # code generation that knows nothing of ODEs
     ("pgpgm.ode",),  # the model: equations, their kernels
     ("pgpgm.solve",),  # ODE solvers, the PyTensor Op
-    ("pgpgm.data", "pgpgm.priors", "pgpgm.noise"),  # measurements, priors, noise models
+    ("pgpgm.data", "pgpgm.priors", "pgpgm.noise", "pgpgm.observables"),  # measurements, priors, noise models,
+    # observables
     ("pgpgm.gp",),  # step 1
     ("pgpgm.matching",),  # step 2
     ("pgpgm.refinement",),  # step 3

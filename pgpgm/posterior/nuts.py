@@ -43,6 +43,7 @@ from pymc.step_methods.hmc.quadpotential import (
 from ..data import Observations, as_observations, initial_value_priors, initial_values
 from ..errors import DataError, ODESolveError
 from ..noise import NOISE_MODELS
+from ..observables import Observables
 from ..ode.system import ODESystem
 from ..priors import Priors, PriorSpec
 from ..processes import sample_in_processes
@@ -125,6 +126,7 @@ def build_ode_model(
     log_scale: Sequence[str] = (),
     noise: Sequence[str] | None = None,
     x0_observed: Mapping[str, float] | None = None,
+    observables: Observables | None = None,
 ) -> tuple[pm.Model, ODEModelLayout]:
     """The ODE model of partial observations as a ``pm.Model``.
 
@@ -162,6 +164,14 @@ def build_ode_model(
         Poisson has none.
     x0_observed : known initial values of observed states (``{"C": 0.0}``): data (``_x0_<state>``),
         not free ``<state>_0`` (left out of ``layout.initial``)
+    observables : measured functions of the states (:class:`pgpgm.observables.Observables`): ``data``
+        (an :class:`~pgpgm.data.Observations`) then measures the observables (its ``states`` are
+        their names), ``system`` is the extended one (:meth:`~pgpgm.observables.Observables.extend`,
+        its parameters theta then the observation parameters phi, all with ``priors``), the
+        likelihood of observable o is on mu_o = h_o(t, x(t), theta, phi) (Gaussian ``sigma_<o>`` or
+        ``noise``), each observable is a deterministic on ``time_dense`` too, and the free initial
+        values ``<state>_0`` are those of the states measured directly (identity observables, prior
+        from their data) and the unknown latent ones
 
     Returns
     -------
@@ -179,7 +189,15 @@ def build_ode_model(
         model is the same graph, so its compiled log density and gradient are reused.
     """
     obs = data if isinstance(data, Observations) else as_observations(data, observed, system)
-    obs_idx = system.index_of_states(obs.states)
+    if observables is None:
+        direct = {s: m for m, s in enumerate(obs.states)}  # state -> its column in obs
+    else:
+        if not isinstance(data, Observations) or tuple(observables.parameters) != tuple(system.parameters):
+            raise DataError("with observables, give data as the observables' Observations and the extended system "
+                            "(Observables.extend)")
+        ident = observables.identity
+        direct = {ident[n]: m for m, n in enumerate(obs.states) if n in ident}
+    obs_idx = system.index_of_states(list(direct))
     unknown = initial_value_priors(system, x0, obs_idx) if x0_priors is None else dict(x0_priors)
     unknown = {s: unknown[s] for s in system.states if s in unknown}  # state order
     x0 = initial_values(system, data, x0, obs_idx) if not unknown or x0 is None or isinstance(x0, Mapping) else \
@@ -226,14 +244,15 @@ def build_ode_model(
         theta = prior.variables(log_scale)  # same priors; NUTS moves log_scale ones in log theta
         first = {}
         held = dict(x0_observed or {})
-        for m, s in enumerate(obs.states):
+        for s, m in direct.items():
             if s in held:  # a known initial value
-                first[obs_idx[m]] = pm.Data(data_name("x0", s), float(held[s]))
+                first[system.states.index(s)] = pm.Data(data_name("x0", s), float(held[s]))
                 continue
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
             spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
-            first[obs_idx[m]] = pm.Normal(initial_value_name(s), mu=pm.Data(data_name("x0_mu", s), float(ym[0])),
-                                          sigma=pm.Data(data_name("x0_sd", s), spread))
+            first[system.states.index(s)] = pm.Normal(initial_value_name(s),
+                                                      mu=pm.Data(data_name("x0_mu", s), float(ym[0])),
+                                                      sigma=pm.Data(data_name("x0_sd", s), spread))
         u = Priors.from_user([initial_value_name(s) for s in unknown],
                              {initial_value_name(s): v for s, v in unknown.items()}).variables()
         for j, s in enumerate(unknown):  # unknown latent initial values
@@ -246,9 +265,16 @@ def build_ode_model(
         safe = pt.switch(ok, traj, 0.0)
         for i, s in enumerate(system.states):
             pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
+        if observables is None:
+            columns = [safe[:, system.states.index(s)] for s in obs.states]
+        else:  # mu of each observable on the grid, and its trajectory
+            columns = observables.pytensor(grid, safe, theta)
+            traj_h = observables.pytensor(dense, traj[rows_dense], theta)
+            for o, name in enumerate(observables.names):
+                pm.Deterministic(name, traj_h[o], dims="time_dense")
         for m, s in enumerate(obs.states):
             if noise is not None:
-                _likelihood(model, noise[m], s, safe[:, obs_idx[m]], rows_obs, obs, m, known[m], center[m])
+                _likelihood(model, noise[m], s, columns[m], rows_obs, obs, m, known[m], center[m])
                 continue
             if noise_sd is None:
                 sigma = pm.LogNormal(noise_name(s), mu=pm.Data(data_name("log_noise_center", s), np.log(center[m])),
@@ -257,20 +283,22 @@ def build_ode_model(
                 sigma = pm.Data(data_name("noise_sd", s), float(noise_sd[m]))
             if obs.complete:
                 y = pm.Data(data_name("y", s), Y[:, m], dims="time")
-                pm.Normal(f"y_{s}", mu=safe[rows_obs, obs_idx[m]], sigma=sigma, observed=y, dims="time")
+                mu = safe[rows_obs, obs_idx[m]] if observables is None else columns[m][rows_obs]
+                pm.Normal(f"y_{s}", mu=mu, sigma=sigma, observed=y, dims="time")
             else:  # the likelihood only where state s is measured
                 rows = obs.rows(m)
                 model.add_coord(f"time_{s}", t[rows])
                 y = pm.Data(data_name("y", s), Y[rows, m], dims=f"time_{s}")
-                pm.Normal(f"y_{s}", mu=safe[rows_obs[rows], obs_idx[m]], sigma=sigma, observed=y, dims=f"time_{s}")
+                mu = safe[rows_obs[rows], obs_idx[m]] if observables is None else columns[m][rows_obs[rows]]
+                pm.Normal(f"y_{s}", mu=mu, sigma=sigma, observed=y, dims=f"time_{s}")
     if noise is not None:
         names = tuple((dispersion_name if noise[m] == "negbin" else noise_name)(obs.states[m]) for m in free)
         layout = ODEModelLayout(tuple(system.parameters),
-                                tuple(initial_value_name(s) for s in (*obs.states, *unknown) if s not in held), names,
+                                tuple(initial_value_name(s) for s in (*direct, *unknown) if s not in held), names,
                                 tuple(system.states), dense, tuple(free))
         return model, layout
     layout = ODEModelLayout(tuple(system.parameters),
-                            tuple(initial_value_name(s) for s in (*obs.states, *unknown) if s not in held),
+                            tuple(initial_value_name(s) for s in (*direct, *unknown) if s not in held),
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)
     return model, layout

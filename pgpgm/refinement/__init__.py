@@ -3,5 +3,6 @@ of a refined optimum against the prior's bounds (``bounds``)."""
 
 from .bounds import AtBound, bound_report, warn_at_bounds
 from .least_squares import LeastSquaresProblem, Refinement, refine
+from .observed import ObservablesProblem
 
-__all__ = ["AtBound", "LeastSquaresProblem", "Refinement", "bound_report", "refine", "warn_at_bounds"]
+__all__ = ["AtBound", "LeastSquaresProblem", "ObservablesProblem", "Refinement", "bound_report", "refine", "warn_at_bounds"]

@@ -209,6 +209,11 @@ class LeastSquaresProblem:
         return tuple(system.parameters) + tuple(f"x0[{system.states[j]}]" for j in self.free_x0)
 
     @property
+    def observed_names(self) -> tuple[str, ...]:
+        """(M,) names of the measured quantities (the observed states)."""
+        return tuple(self.integrator.system.states[i] for i in self.observed_idx)
+
+    @property
     def mask(self) -> np.ndarray:
         """(N, M) bool, True where ``y`` holds a measurement."""
         return np.isfinite(self.y)
@@ -458,7 +463,7 @@ def refine(
                     f"; noise sds not converged after {rounds} rounds (last relative change {change:.2g})")
         at_floor = estimated & (sd <= floor)
         if at_floor.any():
-            states = [problem.integrator.system.states[problem.observed_idx[k]] for k in np.flatnonzero(at_floor)]
+            states = [problem.observed_names[k] for k in np.flatnonzero(at_floor)]
             success = False
             message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
             if warn:

@@ -1,0 +1,319 @@
+"""Observables (issue 31, item 3): measured functions of the states and parameters.
+
+The model: oral dosing into a latent gut compartment A (A(0) = dose, known) and a central
+compartment C,
+
+    dA/dt = -ka A,    dC/dt = ka A - ke C,
+
+measured as ``y_C = C`` (directly), ``y_total = A + C`` (a sum with the latent state) and
+``y_blot = s * A`` (the latent state up to an unknown scale s). References are independent of
+pgpgm: scipy's solve_ivp and least_squares from 24 starts written here, scipy.stats densities,
+finite differences.
+"""
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+import xarray as xr
+from scipy import optimize, stats
+from scipy.integrate import solve_ivp
+
+import pgpgm
+from pgpgm.errors import DataError, ModelDefinitionError, PgpgmError
+from pgpgm.observables import Observables
+from pgpgm.posterior.nuts import ValueSpace, build_ode_model
+from pgpgm.refinement import ObservablesProblem, refine
+from pgpgm.solve import Integrator
+
+SYSTEM = pgpgm.ODESystem.from_equations({"A": "-ka*A", "C": "ka*A - ke*C"}, ["ka", "ke"], name="oral")
+OBSERVABLES = {"y_C": "C", "y_total": "A + C", "y_blot": "s*A"}
+TRUTH = np.array([1.2, 0.3, 2.5])  # ka, ke, s
+X0 = np.array([10.0, 0.0])  # A(0) = dose, C(0)
+TIMES = np.linspace(0.0, 12.0, 25)
+SD = np.array([0.1, 0.15, 0.2])
+BOX = (0.01, 10.0)
+
+
+def _data(seed=3, **kwargs):
+    return pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=OBSERVABLES, noise_sd=SD, seed=seed, **kwargs)
+
+
+def _fit(data, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pgpgm.fit(SYSTEM, data, observables=OBSERVABLES, priors=BOX, draws=300, tune=300, chains=2,
+                         progressbar=False, seed=0, **kwargs)
+
+
+# ------------------------------------------------------------------ independent references
+def _solve(ka, ke, x0, t):
+    """(N, 2) A and C by scipy's solve_ivp (LSODA, tight tolerances)."""
+    sol = solve_ivp(lambda _, x: [-ka * x[0], ka * x[0] - ke * x[1]], (t[0], t[-1]), x0, t_eval=t, method="LSODA",
+                    rtol=1e-11, atol=1e-12)
+    return sol.y.T
+
+
+def _h(x, s):
+    """(N, 3) the observables from the states (N, 2) and the scale s."""
+    return np.column_stack([x[:, 1], x[:, 0] + x[:, 1], s * x[:, 0]])
+
+
+def _reference_optimum(y, sd, n_starts=24, columns=(0, 1, 2), free_c0=True):
+    """The weighted least-squares optimum over q = (ka, ke, s, C(0)) (C(0) known 0 unless ``free_c0``)
+    of the data y (N, len(columns)) of the observables ``columns``, A(0) known, by scipy least_squares
+    (trf, finite differences) from n_starts points spread over the prior box."""
+    cols = list(columns)
+
+    def res(q):
+        x = _solve(q[0], q[1], [X0[0], q[3] if free_c0 else X0[1]], TIMES)
+        return ((_h(x, q[2])[:, cols] - y) / sd).ravel()
+
+    rng = np.random.default_rng(11)
+    lo, hi = np.array([*[BOX[0]] * 3, -np.inf]), np.array([*[BOX[1]] * 3, np.inf])
+    if not free_c0:
+        lo, hi = lo[:3], hi[:3]
+    best = None
+    for _ in range(n_starts):
+        q0 = np.concatenate([rng.uniform(0.05, 5.0, 3), rng.uniform(-0.5, 0.5, 1)])[:lo.size]
+        r = optimize.least_squares(res, q0, bounds=(lo, hi), method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12,
+                                   gtol=1e-12, max_nfev=400)
+        if best is None or r.cost < best.cost:
+            best = r
+    return best
+
+
+# ------------------------------------------------------------------ simulate, parse
+def test_simulate_measures_the_observables():
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=OBSERVABLES, noise_sd=0.0)
+    x = _solve(TRUTH[0], TRUTH[1], X0, TIMES)
+    np.testing.assert_allclose(d["y"].values, _h(x, TRUTH[2]), rtol=1e-6, atol=1e-6)  # the solver's tolerance
+    assert list(d["observed"].values) == list(OBSERVABLES)
+    assert d.attrs["parameters"] == ["ka", "ke", "s"]
+
+
+def test_parse_finds_observation_parameters_and_identity():
+    spec = Observables.parse({"y1": "x1", "y2": "s*x2 + off", "y3": "x1*x2/(k + x1)"},
+                             pgpgm.ODESystem.from_equations({"x1": "-a*x1", "x2": "a*x1"}, ["a"]))
+    assert spec.observation_parameters == ("s", "off", "k")
+    assert spec.parameters == ("a", "s", "off", "k")
+    assert spec.identity == {"y1": "x1"}
+    assert spec.states_of("y3") == ("x1", "x2")
+    # h and its derivatives against numpy and central differences
+    rng = np.random.default_rng(0)
+    t, x, p = np.linspace(0, 1, 7), rng.uniform(0.5, 2.0, (7, 2)), np.array([0.7, 1.3, 0.2, 0.9])
+    expect = np.column_stack([x[:, 0], 1.3 * x[:, 1] + 0.2, x[:, 0] * x[:, 1] / (0.9 + x[:, 0])])
+    np.testing.assert_allclose(spec.values(t, x, p), expect, rtol=1e-14)
+    hx, hp = spec.jacobians(t, x, p)
+    eps = 1e-6
+    for j in range(2):
+        dx = np.zeros_like(x)
+        dx[:, j] = eps
+        np.testing.assert_allclose(hx[:, :, j], (spec.values(t, x + dx, p) - spec.values(t, x - dx, p)) / (2 * eps),
+                                   rtol=1e-7, atol=1e-9)
+    for k in range(4):
+        dp = np.zeros(4)
+        dp[k] = eps
+        np.testing.assert_allclose(hp[:, :, k], (spec.values(t, x, p + dp) - spec.values(t, x, p - dp)) / (2 * eps),
+                                   rtol=1e-7, atol=1e-9)
+
+
+# ------------------------------------------------------------------ step 3
+@pytest.mark.parametrize("noise", [None, ("normal", "lognormal", "normal")])
+def test_jacobian_matches_finite_differences(noise):
+    spec = Observables.parse(OBSERVABLES, SYSTEM)
+    y = _data()["y"].values
+    problem = ObservablesProblem.of(Integrator(spec.extend(SYSTEM), TIMES), spec, y, SD, X0, free_x0=(1,),
+                                    noise=noise)
+    q = np.array([1.0, 0.35, 2.0, 0.1])  # ka, ke, s, C(0)
+    J = problem.jacobian(q)
+    assert J.shape == (y.size, 4)
+    fd = np.empty_like(J)
+    for k in range(4):
+        step = 1e-6 * max(1.0, abs(q[k]))
+        dq = np.zeros(4)
+        dq[k] = step
+        fd[:, k] = (problem.residuals(q + dq) - problem.residuals(q - dq)) / (2 * step)
+    np.testing.assert_allclose(J, fd, rtol=1e-4, atol=1e-4 * np.abs(fd).max())
+
+
+def test_fit_refines_to_the_independent_multistart_optimum():
+    d = _data()
+    result = _fit(d, noise_sd=SD, posterior=None)
+    ref = _reference_optimum(d["y"].values, SD)
+    est = result.estimates
+    refined = est["theta"].sel(estimate="refined").values
+    assert list(est["parameter"].values) == ["ka", "ke", "s"]
+    np.testing.assert_allclose(refined, ref.x[:3], rtol=2e-5)
+    np.testing.assert_allclose(est["x0"].sel(state="C").values, ref.x[3], atol=2e-5)
+    # the same likelihood: pgpgm's weighted cost is the reference's
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    # and it is near the truth (the data determine it)
+    np.testing.assert_allclose(refined, TRUTH, rtol=0.1)
+    # the result carries the observables: their trajectories and data, the observation parameter
+    traj = result.trajectories
+    assert list(traj["observable"].values) == list(OBSERVABLES)
+    x = _solve(*refined[:2], est["x0"].values, traj["time_dense"].values)
+    np.testing.assert_allclose(traj["h"].sel(estimate="refined").values, _h(x, refined[2]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(traj["y"].values, d["y"].values)
+
+
+def test_fit_with_estimated_noise_result_saves_and_plots(tmp_path):
+    result = _fit(_data(seed=5), posterior="laplace", posterior_draws=100, posterior_chains=1)
+    sd = result.trajectories["noise_sd"].values
+    assert np.all((sd > 0.3 * SD) & (sd < 3 * SD))
+    assert "s" in result.posterior.posterior
+    path = result.save(tmp_path / "obs.nc")
+    back = pgpgm.load_result(path)
+    xr.testing.assert_identical(back.trajectories, result.trajectories)
+    assert back.system.parameters == ("ka", "ke", "s")
+    fig = result.plot_states()
+    assert len(fig.axes) == 2 + 3  # the states, then the observables
+    assert [ax.get_title() for ax in fig.axes] == ["A (latent)", "C (observed as y_C)", "y_C (observable)",
+                                                  "y_total (observable)", "y_blot (observable)"]
+
+
+def test_noise_models_and_fixed_observation_parameters():
+    # lognormal measurement noise on the total (y_blot falls to 1e-5, where the solver's absolute
+    # tolerance 1e-8 moves log mu by 1e-3): refinement_nll is scipy.stats' likelihood
+    d = _data(noise={"y_total": "lognormal"})
+    result = _fit(d, noise={"y_total": "lognormal"}, posterior=None)
+    est, traj = result.estimates, result.trajectories
+    theta = est["theta"].sel(estimate="refined").values
+    x = _solve(*theta[:2], est["x0"].values, TIMES)
+    mu, y, sd = _h(x, theta[2]), d["y"].values, traj["noise_sd"].values
+    nll = -(stats.norm(mu[:, 0], sd[0]).logpdf(y[:, 0]).sum() + stats.lognorm(s=sd[1], scale=mu[:, 1]).logpdf(
+        y[:, 1]).sum() + stats.norm(mu[:, 2], sd[2]).logpdf(y[:, 2]).sum())
+    np.testing.assert_allclose(est.attrs["refinement_nll"], nll, rtol=1e-6)
+    np.testing.assert_allclose(sd[1], SD[1], rtol=0.5)  # the sd of log y
+    np.testing.assert_allclose(theta, TRUTH, rtol=0.1)
+    # an observation parameter held fixed: the refinement is the scipy optimum over (ka, ke, C(0))
+    d = _data()
+    result = _fit(d, noise_sd=SD, posterior=None, fixed={"s": 2.5})
+    est = result.estimates
+    assert bool(est["fixed"].sel(parameter="s")) and float(est["stderr"].sel(parameter="s")) == 0.0
+
+    def res(q):
+        return ((_h(_solve(q[0], q[1], [X0[0], q[2]], TIMES), 2.5) - d["y"].values) / SD).ravel()
+
+    ref = min((optimize.least_squares(res, q0, bounds=([BOX[0]] * 2 + [-np.inf], [BOX[1]] * 2 + [np.inf]),
+                                      xtol=1e-12, ftol=1e-12, gtol=1e-12) for q0 in
+               np.random.default_rng(2).uniform([0.05, 0.05, -0.5], [5.0, 5.0, 0.5], (20, 3))), key=lambda r: r.cost)
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values[:2], ref.x[:2], rtol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+
+
+def test_without_a_directly_observed_state_step3_starts_from_the_prior_box():
+    # y_C dropped: A and C are seen only through A + C and s * A; no GP, no gradient matching
+    observables = {"y_total": "A + C", "y_blot": "s*A"}
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=SD[1:], seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:], posterior="laplace",
+                           posterior_draws=100, posterior_chains=1, progressbar=False, seed=0)
+    ref = _reference_optimum(d["y"].values, SD[1:], columns=(1, 2), free_c0=False)
+    est = result.estimates
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x, rtol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    assert est.sizes["start"] == pgpgm.pipeline.BOX_STARTS
+    assert "steps 1-2 skipped" in est.attrs["sampling_stop_reason"]
+    assert result.gradient_matching is None and result.n_ode_solves["sampling"] == 0
+
+
+# ------------------------------------------------------------------ step 4
+@pytest.mark.parametrize("noise", [None, ("normal", "lognormal", "normal")])
+def test_step4_logp_is_the_hand_computed_posterior(noise):
+    d = _data()
+    spec = Observables.parse(OBSERVABLES, SYSTEM)
+    ext = spec.extend(SYSTEM)
+    measured = pgpgm.ODESystem.from_equations({n: "0" for n in OBSERVABLES}, [])
+    obs = pgpgm.data.as_observations(d, None, measured)
+    center = np.array([0.2, 0.3, 0.4])
+    model, layout = build_ode_model(ext, obs, x0=X0, priors={"ka": (0.0, 5.0), "ke": (0.0, 2.0), "s": (0.5, 8.0)},
+                                    noise_center=center, noise=noise, observables=spec,
+                                    solver=pgpgm.CVODE(rtol=1e-11, atol=1e-12))
+    assert layout.parameters == ("ka", "ke", "s") and layout.initial == ("C_0",)
+    point = {"ka": 1.1, "ke": 0.33, "s": 2.2, "C_0": 0.05, "sigma_y_C": 0.12, "sigma_y_total": 0.2,
+             "sigma_y_blot": 0.25}
+    space = ValueSpace(model)
+    logp = float(model.compile_logp(jacobian=False)(space.point(point)))
+    y = d["y"].values
+    x = _solve(point["ka"], point["ke"], [X0[0], point["C_0"]], TIMES)
+    mu = _h(x, point["s"])
+    expect = (stats.uniform(0, 5).logpdf(1.1) + stats.uniform(0, 2).logpdf(0.33) + stats.uniform(0.5, 7.5).logpdf(2.2)
+              + stats.norm(y[0, 0], np.std(y[:, 0])).logpdf(0.05))
+    for m, name in enumerate(OBSERVABLES):
+        sig = point[f"sigma_{name}"]
+        expect += stats.lognorm(s=2.0, scale=center[m]).logpdf(sig)
+        if noise is not None and noise[m] == "lognormal":
+            expect += stats.lognorm(s=sig, scale=mu[:, m]).logpdf(y[:, m]).sum()
+        else:
+            expect += stats.norm(mu[:, m], sig).logpdf(y[:, m]).sum()
+    np.testing.assert_allclose(logp, expect, rtol=1e-7)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("observables, error, words", [
+    ({"C": "C"}, ModelDefinitionError, "is a state"),
+    ({"ka": "A"}, ModelDefinitionError, "is a parameter"),
+    ({"y_C": "C +* A"}, ModelDefinitionError, "observable 'y_C'"),
+    ({"y_C": "2*s"}, ModelDefinitionError, "uses no state"),
+    ({"y_C": "C", "y_total": "y_C + A"}, ModelDefinitionError, "also used as parameters"),
+    ({"y C": "C"}, ModelDefinitionError, "not a valid identifier"),
+    ({"y_C": "foo(C)"}, ModelDefinitionError, "'foo' is not allowed"),
+    ({}, ModelDefinitionError, "non-empty mapping"),
+    ("C", ModelDefinitionError, "non-empty mapping"),
+])
+def test_bad_observables_are_clear_errors(observables, error, words, monkeypatch):
+    monkeypatch.setattr(pgpgm.pipeline, "match", _no_compiled_code)  # raised before steps 1-2 start
+    with pytest.raises(error, match=words):
+        pgpgm.fit(SYSTEM, _data(), observables=observables, progressbar=False)
+
+
+def _no_compiled_code(*args, **kwargs):
+    raise AssertionError("the bad input reached steps 1-2")
+
+
+def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
+    monkeypatch.setattr(pgpgm.pipeline, "match", _no_compiled_code)
+    d = _data()
+    wide = {"time": TIMES, **{n: d["y"].sel(observed=n).values for n in OBSERVABLES}}
+    cases = [
+        (dict(data={**wide, "C": wide["y_C"]}), "are states"),
+        (dict(data={k: v for k, v in wide.items() if k != "y_blot"}), r"observables \['y_blot'\] have no data"),
+        (dict(data={**wide, "z": wide["y_C"]}), r"data columns \['z'\]"),
+        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, posterior=None,
+              data={k: v for k, v in wide.items() if k != "y_C"}), "no state is measured directly"),
+        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, priors={"s": lambda name: pm.LogNormal(name, 0.0, 1.0)},
+              x0={"A": 10.0, "C": 0.0},
+              data={k: v for k, v in wide.items() if k != "y_C"}), r"\['s'\] have no box"),
+        (dict(transform={"C": "log"}), "transform is not available"),
+        (dict(x0_observed={"C": 0.0}), "x0_observed is not available"),
+        (dict(fixed={"q": 1.0}), r"fixed names \['q'\]"),
+        (dict(true_theta=[1.0, 0.3]), "true_theta must be 3"),
+        (dict(priors={"r": (0, 1)}), r"unknown parameters \['r'\]"),
+        (dict(noise={"y_C": "lognormal"}, data={**wide, "y_C": wide["y_C"] - 5.0}), "y_C"),
+    ]
+    for kwargs, words in cases:
+        args = {"data": d, "observables": OBSERVABLES} | kwargs
+        data = args.pop("data")
+        with pytest.raises(PgpgmError, match=words):
+            pgpgm.fit(SYSTEM, data, progressbar=False, **args)
+    with pytest.raises(DataError, match="observables of"):
+        pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=OBSERVABLES, observed=["C"], noise_sd=0.1)
+    with pytest.raises(DataError, match="theta must be 3"):
+        pgpgm.simulate(SYSTEM, TRUTH[:2], X0, TIMES, observables=OBSERVABLES, noise_sd=0.1)
+
+
+@pytest.mark.slow
+def test_fit_with_nuts_covers_the_truth():
+    # ~60 s: step 4 (NUTS on the ODE model with the observables' likelihood) compiles and samples
+    result = _fit(_data(seed=7), posterior_draws=300, posterior_tune=300, posterior_chains=2, posterior_budget=300)
+    post = result.posterior.posterior
+    for name, true in zip(("ka", "ke", "s"), TRUTH):
+        lo, hi = np.quantile(post[name].values, [0.001, 0.999])
+        assert lo < true < hi, (name, lo, hi, true)
+    for name in OBSERVABLES:  # each observable is a deterministic on the plotting grid
+        assert post[name].dims == ("chain", "draw", "time_dense")
+    assert "sigma_y_blot" in post
