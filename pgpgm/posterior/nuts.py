@@ -7,7 +7,8 @@ a ``pm.Model``:
     theta ~ priors (the specs of :func:`pgpgm.gradient_matching_density`)
     x_k(t_0) ~ Normal(first observation of k, sd of k's observations)   observed states
     sigma_k ~ LogNormal(log sigma_k^GP, 2)           unless the noise sd is given
-    x(t) = CVODE solve from (x(t_0), theta)          on the observation and plotting grids
+    x(t) = CVODE solve from (x(t_0), theta)          on the observation grid (and, for the
+                                                     trajectories of the draws, the plotting grid)
     y_k(t_i) ~ Normal(x_k(t_i), sigma_k)
 
 or, with measurement noise models (``build_ode_model(..., noise=(...))``, :mod:`pgpgm.noise`), per
@@ -35,6 +36,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 from pymc.step_methods.hmc.quadpotential import (
+    QuadPotentialDiag,
     QuadPotentialDiagAdapt,
     QuadPotentialFull,
     QuadPotentialFullAdapt,
@@ -208,9 +210,16 @@ def build_ode_model(
     else:
         noise_sd = np.broadcast_to(np.asarray(noise_sd, float), (M,))
     dense = np.linspace(t[0], t[-1], 400) if dense_times is None else np.asarray(dense_times, float)
+    # the likelihood's solve (one per leapfrog step, with sensitivities) outputs at the observation times
+    # only; the plotting grid's states are a separate plain solve, made once per kept draw (PyMC computes
+    # deterministics for the trace, not for the log density). The first output time stays that of the
+    # union of both grids: CVODE's first step size depends on it and, in its normal mode, on nothing else
+    # of the output times, so the observation grid's values are those a solve on the union gives
     grid = np.union1d(t, dense)
-    rows_obs, rows_dense = np.searchsorted(grid, t), np.searchsorted(grid, dense)
-    integrator = Integrator(system, grid, solver)
+    solve_times, plot_times = np.union1d(t, grid[:2]), np.union1d(grid[:1], dense)  # both from grid[0]
+    rows_obs, rows_dense = np.searchsorted(solve_times, t), np.searchsorted(plot_times, dense)
+    integrator = Integrator(system, solve_times, solver)
+    plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
     log_scale = tuple(log_scale)
     for name in log_scale:
@@ -244,8 +253,9 @@ def build_ode_model(
         ok = pt.all(pt.isfinite(traj))
         pm.Potential("solve_failed", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
         safe = pt.switch(ok, traj, 0.0)
+        states = ODEOp(plotting, on_failure="nan")(theta, x0_vec)
         for i, s in enumerate(system.states):
-            pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
+            pm.Deterministic(s, states[rows_dense, i], dims="time_dense")
         for m, s in enumerate(obs.states):
             if noise is not None:
                 _likelihood(model, noise[m], s, safe[:, obs_idx[m]], rows_obs, obs, m, known[m], center[m])
@@ -361,9 +371,12 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
 
 
 def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
-                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0):
+                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0,
+                     adapt: bool = True):
     """A mass-matrix adaptation for NUTS seeded with the refinement's uncertainty, carried to
-    PyMC's transformed space by central differences of the transforms.
+    PyMC's transformed space by central differences of the transforms - or, with ``adapt=False``,
+    that seed as a fixed mass matrix (``QuadPotentialFull`` / ``QuadPotentialDiag``: NUTS's tuning
+    then adapts the step size only).
 
     With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
     full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
@@ -398,10 +411,16 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
             d = du[idx]
             full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
             if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
+                if not adapt:
+                    return QuadPotentialFull(full)
                 with warnings.catch_warnings():  # PyMC flags the class as experimental; pgpgm chose it (tested)
                     warnings.filterwarnings("ignore", "QuadPotentialFullAdapt is an experimental feature", UserWarning)
                     return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
-    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
+    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight) if adapt else QuadPotentialDiag(var)
+
+
+#: the mass-matrix choices of :func:`run_nuts`'s first round
+METRICS = ("adapt", "laplace")
 
 
 @dataclass(frozen=True)
@@ -556,6 +575,7 @@ def run_nuts(
     budget: PosteriorBudget | float | None = None,
     warn: bool = True,
     starts: Sequence[Mapping[str, float]] | None = None,
+    metric: str = "adapt",
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
     :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
@@ -617,6 +637,13 @@ def run_nuts(
         ``tree.attrs["pgpgm_tuning_draws"] = 1``).
     starts : (chains,) starting points, constrained values of every free variable by name, one per
         chain, instead of draws around ``center`` (e.g. chains started in several basins)
+    metric : the first round's mass matrix: ``"adapt"`` (default) starts from the refinement's
+        covariance (see :func:`seeded_potential`) and adapts it from the chains' tuning draws (PyMC's
+        windowed dense adaptation, weight 10 on the seed); ``"laplace"`` keeps that seed fixed and tunes
+        the step size only, so that a short ``tune`` (e.g. 200) serves where the Laplace covariance fits
+        the posterior (measured, benchmarks/RESULTS.md: fewer gradient evaluations per effective draw on
+        Lotka-Volterra x2 and FitzHugh-Nagumo V observed; a posterior far from Gaussian at the optimum,
+        e.g. one spread to a prior bound, needs ``"adapt"`` or the later rounds' pooled matrix)
     warn : warn (:class:`~pgpgm.errors.ConvergenceWarning`) when the result fails the checks, the
         budget stopped it or the chains sit in separate modes (:func:`pgpgm.fit` passes False and
         warns once for the whole fit)
@@ -633,6 +660,8 @@ def run_nuts(
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if not (isinstance(max_rounds, int | np.integer) and max_rounds >= 1):
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
+    if metric not in METRICS:
+        raise DataError(f"metric must be one of {METRICS}, got {metric!r}")
     meter = BudgetMeter(PosteriorBudget.of(budget))
     if cores is None:  # with a time budget every chain runs at once, so that a stop leaves all at the same length
         cores = chains if meter.budget.seconds is not None else min(chains, os.cpu_count() or 1)
@@ -654,7 +683,7 @@ def run_nuts(
         if len(starts) != chains or any(set(free) - set(p) for p in starts):
             raise DataError(f"starts must hold {chains} points (one per chain), each with a value of {free}")
         starts = [{n: np.asarray(p[n], float) for n in free} for p in starts]
-    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
+    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance, adapt=metric == "adapt"),
                    target_accept=target_accept, max_treedepth=MAX_TREEDEPTH)
     t_round = time.perf_counter()
     tree = _budgeted_sample(meter, step=step, initvals=starts, **common)
