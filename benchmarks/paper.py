@@ -8,7 +8,12 @@ Targets (issue 30): step 4 <= 60 s per fit; R-hat <= 1.01 and ESS >= 400 in at l
 so an interrupted run still covers every case; each row is also appended to
 ``results/OUT.partial.jsonl`` as it finishes.
 
-    ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases lv-x1,fhn-R|all] [--out paper]
+``--variants adapt:500,laplace:200`` fits each case and seed once per step-4 variant (first-round
+mass matrix ``pgpgm.NUTS(metric=...)``: ``adapt`` (the default) or ``laplace``, and tuning iterations per
+chain), one after the other, so that the variants are compared side by side under the same load.
+
+    ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases lv-x1,fhn-R|all] [--variants adapt:500]
+                         [--out paper]
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from __future__ import annotations
 import json
 import warnings
 
+import harness
 import numpy as np
 
-import harness
+import pgpgm
 
 
 def row(case: harness.Published, seed: int, r) -> dict:
@@ -46,6 +52,7 @@ def row(case: harness.Published, seed: int, r) -> dict:
             "seconds": r.timings["total"], "posterior_s": r.timings["posterior"],
             "rounds": int(attrs.get("pgpgm_rounds", 1)),
             "budget_spent": json.loads(attrs.get("pgpgm_budget", "{}")).get("exhausted", ""),
+            "gradient_evaluations": json.loads(attrs.get("pgpgm_budget", "{}")).get("used_gradient_evaluations", 0),
             "modes": len(json.loads(attrs.get("pgpgm_modes", "[]")))}
 
 
@@ -54,17 +61,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5, help="number of noise seeds")
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated METRIC:TUNE step-4 variants, e.g. adapt:500,laplace:200 (default: the "
+                         "default fit only)")
     a = ap.parse_args()
+    variants = [None] if not a.variants else [(v.split(":")[0], int(v.split(":")[1])) for v in a.variants.split(",")]
     env = harness.environment()
     keys = harness.case_keys(a.cases)
     warnings.simplefilter("ignore")  # convergence is reported in the table
     (harness.RESULTS / f"{a.out}.partial.jsonl").unlink(missing_ok=True)
     rows = []
     for seed in range(a.first_seed, a.first_seed + a.seeds):
-        for key in keys:
-            case = harness.published(key, seed=seed)
+        for key, variant in ((k, v) for k in keys for v in variants):
+            extra = {} if variant is None else {"posterior": pgpgm.NUTS(tune=variant[1], metric=variant[0])}
+            case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
-            rows.append(row(case, seed, r))
+            rows.append(row(case, seed, r) | ({} if variant is None else {"variant": f"{variant[0]}:{variant[1]}"}))
             print(rows[-1], flush=True)
             harness.append_partial(a.out, rows[-1])
     n_ok = sum(r["converged"] for r in rows)

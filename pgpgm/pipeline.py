@@ -36,6 +36,7 @@ from .ode.system import ODESystem
 from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .posterior.nuts import (
     MAX_ROUNDS,
+    METRICS,
     NUTSRun,
     PosteriorBudget,
     build_ode_model,
@@ -61,7 +62,8 @@ class NUTS:
 
     draws, tune, chains : per chain; rounds : most NUTS rounds while R-hat, ESS or divergences
     fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``
-    or ``"nutpie"``; cores : processes (default: one per chain, at most the CPUs).
+    or ``"nutpie"``; cores : processes (default: one per chain, at most the CPUs); metric : the first
+    round's mass matrix, ``"adapt"`` or ``"laplace"`` (see :func:`pgpgm.posterior.nuts.run_nuts`).
     """
 
     draws: int = 500
@@ -71,9 +73,12 @@ class NUTS:
     budget: PosteriorBudget | float | None = PosteriorBudget()
     sampler: str = "pymc"
     cores: int | None = None
+    metric: str = "adapt"
 
     def __post_init__(self):
         set_ = object.__setattr__
+        if self.metric not in METRICS:
+            raise DataError(f"NUTS metric must be one of {METRICS}, got {self.metric!r}")
         set_(self, "draws", check_count(self.draws, "posterior_draws", minimum=1))
         set_(self, "tune", check_count(self.tune, "posterior_tune", minimum=0))
         set_(self, "chains", check_count(self.chains, "posterior_chains", minimum=1))
@@ -911,7 +916,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         run = run_nuts(model, center, sd, covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains,
                        cores=spec.cores, seed=options.seed, nuts_sampler=spec.sampler, max_rounds=spec.rounds,
-                       progressbar=options.progressbar, budget=spec.budget, warn=False)
+                       progressbar=options.progressbar, budget=spec.budget, warn=False, metric=spec.metric)
         modes = [m.record() for m in run.modes]
         for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
             m = mode["mean"]

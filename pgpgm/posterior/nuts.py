@@ -35,6 +35,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 from pymc.step_methods.hmc.quadpotential import (
+    QuadPotentialDiag,
     QuadPotentialDiagAdapt,
     QuadPotentialFull,
     QuadPotentialFullAdapt,
@@ -389,9 +390,12 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
 
 
 def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
-                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0):
+                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0,
+                     adapt: bool = True):
     """A mass-matrix adaptation for NUTS seeded with the refinement's uncertainty, carried to
-    PyMC's transformed space by central differences of the transforms.
+    PyMC's transformed space by central differences of the transforms - or, with ``adapt=False``,
+    that seed as a fixed mass matrix (``QuadPotentialFull`` / ``QuadPotentialDiag``: NUTS's tuning
+    then adapts the step size only).
 
     With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
     full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
@@ -426,10 +430,16 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
             d = du[idx]
             full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
             if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
+                if not adapt:
+                    return QuadPotentialFull(full)
                 with warnings.catch_warnings():  # PyMC flags the class as experimental; pgpgm chose it (tested)
                     warnings.filterwarnings("ignore", "QuadPotentialFullAdapt is an experimental feature", UserWarning)
                     return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
-    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight)
+    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight) if adapt else QuadPotentialDiag(var)
+
+
+#: the mass-matrix choices of :func:`run_nuts`'s first round
+METRICS = ("adapt", "laplace")
 
 
 @dataclass(frozen=True)
@@ -584,6 +594,7 @@ def run_nuts(
     budget: PosteriorBudget | float | None = None,
     warn: bool = True,
     starts: Sequence[Mapping[str, float]] | None = None,
+    metric: str = "adapt",
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
     :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
@@ -645,6 +656,13 @@ def run_nuts(
         ``tree.attrs["pgpgm_tuning_draws"] = 1``).
     starts : (chains,) starting points, constrained values of every free variable by name, one per
         chain, instead of draws around ``center`` (e.g. chains started in several basins)
+    metric : the first round's mass matrix: ``"adapt"`` (default) starts from the refinement's
+        covariance (see :func:`seeded_potential`) and adapts it from the chains' tuning draws (PyMC's
+        windowed dense adaptation, weight 10 on the seed); ``"laplace"`` keeps that seed fixed and tunes
+        the step size only, so that a short ``tune`` (e.g. 200) serves where the Laplace covariance fits
+        the posterior (measured, benchmarks/RESULTS.md: fewer gradient evaluations per effective draw on
+        Lotka-Volterra x2 and FitzHugh-Nagumo V observed; a posterior far from Gaussian at the optimum,
+        e.g. one spread to a prior bound, needs ``"adapt"`` or the later rounds' pooled matrix)
     warn : warn (:class:`~pgpgm.errors.ConvergenceWarning`) when the result fails the checks, the
         budget stopped it or the chains sit in separate modes (:func:`pgpgm.fit` passes False and
         warns once for the whole fit)
@@ -661,6 +679,8 @@ def run_nuts(
         raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {nuts_sampler!r}")
     if not (isinstance(max_rounds, int | np.integer) and max_rounds >= 1):
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
+    if metric not in METRICS:
+        raise DataError(f"metric must be one of {METRICS}, got {metric!r}")
     meter = BudgetMeter(PosteriorBudget.of(budget))
     if cores is None:  # with a time budget every chain runs at once, so that a stop leaves all at the same length
         cores = chains if meter.budget.seconds is not None else min(chains, os.cpu_count() or 1)
@@ -682,7 +702,7 @@ def run_nuts(
         if len(starts) != chains or any(set(free) - set(p) for p in starts):
             raise DataError(f"starts must hold {chains} points (one per chain), each with a value of {free}")
         starts = [{n: np.asarray(p[n], float) for n in free} for p in starts]
-    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance),
+    step = pm.NUTS(model=model, potential=seeded_potential(space, center, sd, covariance, adapt=metric == "adapt"),
                    target_accept=target_accept, max_treedepth=MAX_TREEDEPTH)
     t_round = time.perf_counter()
     tree = _budgeted_sample(meter, step=step, initvals=starts, **common)
