@@ -107,14 +107,14 @@ class RefinedAgreement:
         less well than a GP can, as on real data)
     seed : seeds the box points
     probe_at : an early check (below ``min_iterations``; None: none), a probe: the chains' means
-        are refined and least squares also from ``probe_starts`` points spread over the prior
-        box (the box search's first points; only when the chains agree on an optimum that fits
-        and lies on no bound, else the probe could not stop them). The chains stop there only when independent
-        evidence agrees: every chain's refinement and the best of the dispersed starts reach the
-        same optimum (within ``tol``; none better), it fits the data (``fit_ratio``) and lies on no
-        prior bound. Otherwise the probe is forgotten by the settling count (its box points stay
-        searched) and the rule goes on from ``min_iterations`` as without it
-    probe_starts : dispersed least-squares starts of the probe (0 switches the probe off, as do
+        are refined, and when they agree on an optimum that fits the data (``fit_ratio``) and lies
+        on no prior bound, least squares also from points spread over the prior box (the box
+        search's first points), one at a time until one reaches that optimum (within ``tol``) or
+        a better one, at most ``probe_starts``. The chains stop there when a dispersed start reaches
+        the chains' optimum and none found a better one: independent starts agree. Otherwise the
+        probe is forgotten by the settling count (its box points stay searched) and the rule goes
+        on from ``min_iterations`` as without it
+    probe_starts : most dispersed least-squares starts of the probe (0 switches the probe off, as do
         priors that are not all finite Uniform ones: no box to spread them over)
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
@@ -292,10 +292,13 @@ class RefinedAgreement:
         at_bound = self._at_bound(best_q[:P]) if np.isfinite(best_nll) else []
         chains_agree = bool(np.isfinite(best_nll) and max(nll) - best_nll <= self.tol)
         if chains_agree and not poor and not at_bound:  # only then can the probe stop: the box starts' turn
-            box = self._box_search(box, self.probe_starts)
+            for _ in range(self.probe_starts):  # one at a time, until one reaches the chains' optimum or beats it
+                box = self._box_search(box, 1)
+                if box[0] <= best_nll + self.tol:
+                    break
         box_agrees = bool(abs(box[0] - best_nll) <= self.tol)  # the dispersed starts reach it, none better
         stop = chains_agree and box_agrees and not poor and not at_bound
-        why = ("every chain's mean and the best of {n} least-squares starts spread over the prior box refine to the "
+        why = ("every chain's mean and least squares from {n} point(s) spread over the prior box refine to the "
                "same optimum (negative log likelihoods {c}; box {b:.6g})").format(n=box[3], c=_fmt(nll), b=box[0])
         if not stop:
             missing = ([] if chains_agree else ["the chains' means refine to different optima"]) + (
