@@ -107,7 +107,8 @@ class RefinedAgreement:
         less well than a GP can, as on real data)
     seed : seeds the box points
     probe_at : an early check (below ``min_iterations``; None: none), a probe: the chains' means
-        are refined, and when they agree on an optimum that fits the data (``fit_ratio``) and lies
+        are refined (a short refinement first, as the box search's: a chain that does not fit the
+        data after it rules the stop out), and when they agree on an optimum that fits the data (``fit_ratio``) and lies
         on no prior bound, least squares also from points spread over the prior box (the box
         search's first points), one at a time until one reaches that optimum (within ``tol``) or
         a better one, at most ``probe_starts``. The chains stop there when a dispersed start reaches
@@ -281,8 +282,15 @@ class RefinedAgreement:
         ``probe_starts`` points spread over the prior box; a stop only when they all agree."""
         it = checkpoints[0].iteration
         problems = [self.problem(c.x0) for c in checkpoints]
+        # short refinements first (as the box search's probes): a chain whose mean does not fit the data
+        # after them rules the stop out at little cost; otherwise every chain's is refined fully from there
         refs = [refine(pr, np.concatenate([c.theta, pr.x0[list(pr.free_x0)]]), self.bounds,
-                       estimate_noise=self.estimate_noise, warn=False) for pr, c in zip(problems, checkpoints)]
+                       estimate_noise=self.estimate_noise, warn=False, max_nfev=_PROBE_NFEV, max_rounds=2)
+                for pr, c in zip(problems, checkpoints)]
+        short = any(self._poor(self.residual_ratio(pr, r)) for pr, r in zip(problems, refs))
+        if not short:
+            refs = [refine(pr, r.q, self.bounds, estimate_noise=self.estimate_noise, warn=False)
+                    for pr, r in zip(problems, refs)]
         nll = tuple(float(r.nll) for r in refs)
         i_best = int(np.argmin(nll))
         best_nll, best_q, ratio, poor = self._judge(problems[i_best], refs[i_best])
@@ -291,6 +299,13 @@ class RefinedAgreement:
         P = self.density.system.n_parameters
         at_bound = self._at_bound(best_q[:P]) if np.isfinite(best_nll) else []
         chains_agree = bool(np.isfinite(best_nll) and max(nll) - best_nll <= self.tol)
+        if short:
+            why = (f"probe at {it} iterations: no early stop (a chain's mean fits the data worse than the GPs after "
+                   f"a short refinement; chains {_fmt(nll)}); the checks go on from {self.min_iterations} iterations")
+            return Decision(it, False, why, nll, tuple(tuple(float(v) for v in r.theta) for r in refs), 0, it,
+                            q=tuple(tuple(float(v) for v in r.q) for r in refs), box_nll=float(box[0]),
+                            box_q=tuple(float(v) for v in box[1]), box_starts=int(box[3]),
+                            box_fit_ratio=tuple(float(v) for v in box[2]))
         if chains_agree and not poor and not at_bound:  # only then can the probe stop: the box starts' turn
             for _ in range(self.probe_starts):  # one at a time, until one reaches the chains' optimum or beats it
                 box = self._box_search(box, 1)
