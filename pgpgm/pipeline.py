@@ -282,7 +282,9 @@ def fit(
     scheme object such as ``pgpgm.Block(n_moves=8)``); step 2 runs its chains in this process;
     ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
     refined from the chains' running means has settled (checked at 100 iterations and every
-    50 after; one interval when every chain refines to it, two when they differ) and fits the
+    50 after; one interval when every chain refines to it, two when they differ; or at an
+    early probe at 50 iterations, when every chain and least squares from a point spread over
+    the prior box (at most 4 tried) refine to the same optimum, none better) and fits the
     data as well as the GPs do (residual sd at most twice the noise level of each observed
     state) off the prior box's bounds; while it does not, least squares from points spread
     over the prior box search beside the chains, and such an optimum stops the chains only

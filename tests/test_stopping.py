@@ -119,6 +119,11 @@ def test_bad_stop_settings(lv):
     for bad in ({"box_starts": -1}, {"box_starts": np.inf}, {"box_release": 1.5}, {"box_release": -2}):
         with pytest.raises(DataError, match="box_starts must be a number >= 0 and box_release"):
             RefinedAgreement(density, density.integrator, **bad)
+    for bad in ({"probe_at": 0}, {"probe_at": 100}, {"probe_at": 20.5}):
+        with pytest.raises(DataError, match="probe_at must be None or a whole number from 1 to min_iterations - 1"):
+            RefinedAgreement(density, density.integrator, **bad)
+    with pytest.raises(DataError, match="probe_starts must be a whole number >= 0"):
+        RefinedAgreement(density, density.integrator, probe_starts=-1)
 
 
 # ---------------------------------------------------------------- early stopping finds the optimum
@@ -193,6 +198,62 @@ def test_early_stopping_gives_the_full_budgets_optimum(name, case, starts):
     assert early.n_ode_solves["sampling"] < full.n_ode_solves["sampling"] / 2
 
 
+# ---------------------------------------------------------------- the early probe
+def test_the_probe_stops_only_when_chains_and_box_starts_agree(lv):
+    # Lotka-Volterra, x1 observed: checkpoints near the truth (the data's basin), as RefinedAgreement sees them
+    data, c, _ = _case(lv, "x1-observed")
+    best = _multistart_optimum(lv, "x1-observed", data, c, 40)
+    theta_true = np.asarray(data.attrs["theta"], float)
+    x0 = np.array(c.x0, float)
+
+    def rule(priors, **kw):
+        density = gradient_matching_density(lv.system, data, c.observed, kernel=c.kernel, gamma=c.gamma,
+                                            priors=priors)
+        return RefinedAgreement(density, density.integrator, density.priors.bounds, **kw)
+
+    def at(it, far=False):
+        return [Checkpoint(k, it, it // 2, np.full(4, 9.0) if far and k == 1 else theta_true * (1 + 0.02 * k), x0)
+                for k in range(2)]
+
+    wide = rule(lv.priors("x1-observed"))
+    assert wide.first_checks == (50,)
+    assert rule(lv.priors("x1-observed"), probe_at=None).first_checks == ()
+    assert rule(lv.priors("x1-observed"), probe_starts=0).first_checks == ()
+    # both chains and least squares from a point spread over the box reach the independent multi-start's
+    # optimum: the chains stop at the probe (every start reaches it here: the first box point does)
+    d = wide.decide(at(50), None)
+    assert d.stop and d.box_starts == 1 and "probe at 50 iterations" in d.reason
+    assert abs(d.best_nll - best.nll) < 1e-6 and abs(d.box_nll - best.nll) < 1e-6
+    np.testing.assert_allclose(d.best_q[:4], best.theta, rtol=1e-4)
+    # an optimum on a prior bound (theta1's box (0, 1.5) cuts the data's optimum off) never stops at the probe
+    cut = rule(dict(lv.priors("x1-observed"), theta1=(0.0, 1.5))).decide(at(50), None)
+    assert not cut.stop and cut.at_bound == ("theta1 at its upper bound 1.5",) and "prior bound" in cut.reason
+
+
+def test_the_probe_does_not_stop_in_the_issues_trap(fhn):
+    # FitzHugh-Nagumo, R observed, default box: the wrong optimum theta ~ (1.52, 2.42, 1.64) (a chain held
+    # there) and the global one near (0.2, 0.2, 3.0)
+    density = gradient_matching_density(fhn.system, _fhn_default(fhn), ["R"], priors=(0, 10))
+    x0 = np.array([-1.0, 1.0])
+
+    def at(it, *thetas):
+        return [Checkpoint(k, it, it // 2, np.asarray(th, float), x0) for k, th in enumerate(thetas)]
+
+    rule = RefinedAgreement(density, density.integrator, density.priors.bounds)
+    wrong, right = [1.5, 2.4, 1.6], [0.2, 0.2, 3.0]
+    # both chains in the wrong mode: they agree on an optimum that fits worse than the GP; no stop, no box start spent
+    d = rule.decide(at(50, wrong, np.multiply(wrong, 1.02)), None)
+    assert not d.stop and d.box_starts == 0 and "fits the data worse than the GPs after a short refinement" in d.reason
+    # one chain in each: different optima, no stop; the first regular check is judged as without the probe
+    d = rule.decide(at(50, wrong, right), None)
+    assert not d.stop and d.box_starts == 0 and max(d.nll) - min(d.nll) > 100
+    after = rule.decide(at(100, wrong, right), d)
+    alone = RefinedAgreement(density, density.integrator, density.priors.bounds, probe_at=None).decide(
+        at(100, wrong, right), None)
+    assert not after.stop and after.settled == alone.settled == 0 and after.nll == alone.nll
+    assert after.box_starts == alone.box_starts
+
+
 # ---------------------------------------------------------------- an optimum on a prior bound
 def test_an_optimum_on_a_prior_bound_does_not_stop_the_chains(lv):
     data, c, _ = _case(lv, "x1-observed")
@@ -253,7 +314,7 @@ def test_chains_held_at_a_bound_reach_the_multistart_optimum(lv):
     # the chains' means refine to the bound (theta1 = 10), which starts the box search; its least
     # squares from a few points spread over the box find the optimum, and the chains stop at 200
     # iterations instead of ~2700
-    first = s["checks"][0]
+    first = next(ch for ch in s["checks"] if ch["iteration"] >= 100)  # the first regular check (after the probe)
     chains_theta = np.array(first["theta"])
     assert np.allclose(chains_theta[:, 0], 10) and min(first["nll"]) > best.nll + 30
     assert 0 < first["box_starts"] <= 8 and first["box_nll"] == pytest.approx(best.nll, abs=1e-6)

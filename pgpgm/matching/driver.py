@@ -177,7 +177,8 @@ def run_chains(
         budget) or a stop rule object (:class:`~pgpgm.matching.stop.StopRule`), such as
         ``pgpgm.RefinedAgreement.for_density(density)`` (stop once the best least-squares
         optimum refined from the chains' means has settled, checked at 100 iterations and every
-        50 after; :func:`pgpgm.fit`'s ``stop="agree"``).
+        50 after, and at the rule's ``first_checks`` (its early probe) if it has that attribute;
+        :func:`pgpgm.fit`'s ``stop="agree"``).
         The chains then advance together, check by check, in this process or in the
         workers; a stopped chain keeps the latter half of its iterations (tuning included)
         as its draws.
@@ -211,7 +212,8 @@ def run_chains(
     t0 = time.perf_counter()
     with threadpool_limits(limits=1):
         jobs = _chain_starts(target, init, chains, seed)
-        checks = () if rule is None else tuple(range(rule.min_iterations, tune + draws, rule.check_every))
+        checks = () if rule is None else (tuple(getattr(rule, "first_checks", ()))
+                                           + tuple(range(rule.min_iterations, tune + draws, rule.check_every)))
         kwargs = {"draws": draws, "tune": tune, "state_scale": state_scale, "param_scale": param_scale,
                   "scheme": scheme, "checks": checks}
         with tqdm(total=chains * (tune + draws), disable=not progressbar, desc="pgpgm sampling", unit="it") as bar:

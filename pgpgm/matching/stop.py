@@ -1,7 +1,8 @@
 """What step 2 asks of a stop rule, and what one answers.
 
 The driver (:func:`pgpgm.sample`) runs the chains and, every ``check_every`` iterations from
-``min_iterations`` on, hands a :class:`StopRule` one :class:`Checkpoint` per chain; the rule returns
+``min_iterations`` on (and at the iterations of the rule's optional ``first_checks`` tuple before
+that), hands a :class:`StopRule` one :class:`Checkpoint` per chain; the rule returns
 a :class:`Decision`. Rules are passed in: the default one refines the chains' means by least
 squares (step 3's code) and so lives above both steps (:class:`pgpgm.RefinedAgreement`).
 """
