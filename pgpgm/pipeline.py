@@ -474,12 +474,7 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
         system = full.fix(fixed)
         gm = replace(gm, system=system if gm.system is full else gm.system.fix(fixed))
         fixed = {k: float(v) for k, v in fixed.items()}
-        if isinstance(priors, Mapping):
-            priors = {k: v for k, v in priors.items() if k not in fixed}
-        if not isinstance(init, str):
-            values = as_float_array(init, "init")
-            if values.shape == (full.n_parameters,):
-                init = values[[full.parameters.index(p) for p in system.parameters]]
+        priors, init = _without_fixed(priors, init, fixed, full.parameters, system.parameters)
     Priors.from_user(system.parameters, priors)
     return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta,
                     measurement, x0_observed)
@@ -566,12 +561,7 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
         fixed = {k: float(v) for k, v in fixed.items()}
         gm_system = system.fix({k: v for k, v in fixed.items() if k in system.parameters})
         fit_spec = spec.fix(fixed)
-        if isinstance(priors, Mapping):
-            priors = {k: v for k, v in priors.items() if k not in fixed}
-        if not isinstance(init, str):
-            values = as_float_array(init, "init")
-            if values.shape == (system.n_parameters,):
-                init = values[[system.parameters.index(p) for p in gm_system.parameters]]
+        priors, init = _without_fixed(priors, init, fixed, system.parameters, gm_system.parameters)
     likelihood_priors = Priors.from_user(fit_system.parameters, priors)
     gm_priors = ({k: v for k, v in priors.items() if k in gm_system.parameters} if isinstance(priors, Mapping)
                  else priors)
@@ -693,26 +683,10 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
             noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
     if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
         noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
-    plan = prepared.noise
-    if plan is None:
-        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
-    else:
-        noise_start = noise_parameters_start(plan, obs, noise_start)
-        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0,
-                                        noise=plan.names)
-    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
-                        for q in starts.values())
-    usable = [r for r in refinements if np.isfinite(r.nll)]
-    if not usable:
-        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
-    best: Refinement = min(usable, key=lambda r: r.nll)
-    if best.undetermined:
-        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
-                      "fix or give tighter priors to some of them, or measure more", IdentifiabilityWarning,
-                      stacklevel=3)
-    return Refined(best, refinements, starts, problem, np.concatenate([theta_s, phi_s]), x0_full, noise_start,
-                   unknown, prior)
+    problem, noise_start, refinements, k = _refine_observables_from(prepared, options, integrator, spec,
+                                                                    noise_start, x0_full, free_x0, starts, bounds)
+    return Refined(refinements[k], refinements, starts, problem, np.concatenate([theta_s, phi_s]), x0_full,
+                   noise_start, unknown, prior)
 
 
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
@@ -744,27 +718,11 @@ def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX
     else:
         noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
     integrator = Integrator(system, obs.times, options.solver)
-    plan = prepared.noise
-    if plan is None:
-        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0)
-    else:
-        noise_start = noise_parameters_start(plan, obs, noise_start)
-        problem = ObservablesProblem.of(integrator, spec, obs.values, noise_start, x0_full, free_x0=free_x0,
-                                        noise=plan.names)
-    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements = tuple(refine(problem, q, prior.bounds, estimate_noise=estimate_noise, warn=False)
-                        for q in starts.values())
-    usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
-    if not usable:
-        raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
-    k = min(usable, key=lambda j: refinements[j].nll)
-    best = refinements[k]
-    if best.undetermined:
-        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
-                      "fix or give tighter priors to some of them, or measure more", IdentifiabilityWarning,
-                      stacklevel=3)
+    problem, noise_start, refinements, k = _refine_observables_from(prepared, options, integrator, spec,
+                                                                    noise_start, x0_full, free_x0, starts, prior.bounds)
     theta0, x0_start = problem.split(inner[k])
-    return Refined(best, refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior, x0_priors)
+    return Refined(refinements[k], refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior,
+                   x0_priors)
 
 
 def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) -> None:
@@ -874,17 +832,54 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
         starts["box search's best optimum"] = np.array(last.box_q)
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements = tuple(refine(problem, th, bounds, estimate_noise=estimate_noise, warn=False)
-                        for th in starts.values())
-    usable = [r for r in refinements if np.isfinite(r.nll)]
+    refinements, k = _refine_from(problem, starts, bounds, estimate_noise)
+    return Refined(refinements[k], refinements, starts, problem, theta_s, x0_full, noise_start, unknown)
+
+
+def _without_fixed(priors, init, fixed: Mapping[str, float], parameters: Sequence[str], kept: Sequence[str]):
+    """The user's ``priors`` (a mapping loses the fixed names) and ``init`` (an array over ``parameters``
+    keeps the ``kept`` entries) once the ``fixed`` parameters are numbers in the equations."""
+    if isinstance(priors, Mapping):
+        priors = {k: v for k, v in priors.items() if k not in fixed}
+    if not isinstance(init, str):
+        values = as_float_array(init, "init")
+        if values.shape == (len(parameters),):
+            init = values[[list(parameters).index(p) for p in kept]]
+    return priors, init
+
+
+def _refine_observables_from(prepared: Prepared, options: FitOptions, integrator: Integrator, spec: Observables,
+                             noise_start: np.ndarray, x0_full: np.ndarray, free_x0, starts: dict[str, np.ndarray],
+                             bounds: np.ndarray):
+    """Step 3 of a fit with observables from every start: the problem (the observables' likelihood with
+    the fit's noise models), the noise parameters' start (O,), the refinements and the best's index."""
+    plan = prepared.noise
+    if plan is not None:
+        noise_start = noise_parameters_start(plan, prepared.obs, noise_start)
+    problem = ObservablesProblem.of(integrator, spec, prepared.obs.values, noise_start, x0_full, free_x0=free_x0,
+                                    noise=None if plan is None else plan.names)
+    estimate_noise = options.noise_sd is None if plan is None else plan.estimated
+    refinements, k = _refine_from(problem, starts, bounds, estimate_noise)
+    return problem, noise_start, refinements, k
+
+
+def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bounds: np.ndarray,
+                 estimate_noise) -> tuple[tuple[Refinement, ...], int]:
+    """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``): the refinements, in the
+    order of ``starts``, and the index of the best (the lowest negative log likelihood; the first of
+    equals). Raises :class:`ODESolveError` when every start failed; warns when the data do not
+    determine some parameters at the best."""
+    refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
+                        for q in starts.values())
+    usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
-    best: Refinement = min(usable, key=lambda r: r.nll)
-    if best.undetermined:
-        warnings.warn(f"the data do not determine {', '.join(best.undetermined)}: their standard errors are infinite; "
-                      "fix or give tighter priors to some of them, or measure more states", IdentifiabilityWarning,
-                      stacklevel=3)
-    return Refined(best, refinements, starts, problem, theta_s, x0_full, noise_start, unknown)
+    k = min(usable, key=lambda j: refinements[j].nll)
+    if refinements[k].undetermined:
+        warnings.warn(f"the data do not determine {', '.join(refinements[k].undetermined)}: their standard errors "
+                      "are infinite; fix or give tighter priors to some of them, or measure more states",
+                      IdentifiabilityWarning, stacklevel=4)
+    return refinements, k
 
 
 def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:
