@@ -7,7 +7,8 @@ a ``pm.Model``:
     theta ~ priors (the specs of :func:`pgpgm.gradient_matching_density`)
     x_k(t_0) ~ Normal(first observation of k, sd of k's observations)   observed states
     sigma_k ~ LogNormal(log sigma_k^GP, 2)           unless the noise sd is given
-    x(t) = CVODE solve from (x(t_0), theta)          on the observation and plotting grids
+    x(t) = CVODE solve from (x(t_0), theta)          on the observation grid (and, for the
+                                                     trajectories of the draws, the plotting grid)
     y_k(t_i) ~ Normal(x_k(t_i), sigma_k)
 
 or, with measurement noise models (``build_ode_model(..., noise=(...))``, :mod:`pgpgm.noise`), per
@@ -227,9 +228,16 @@ def build_ode_model(
     else:
         noise_sd = np.broadcast_to(np.asarray(noise_sd, float), (M,))
     dense = np.linspace(t[0], t[-1], 400) if dense_times is None else np.asarray(dense_times, float)
+    # the likelihood's solve (one per leapfrog step, with sensitivities) outputs at the observation times
+    # only (1.2-1.3x cheaper gradients); the plotting grid's states are a separate plain solve, made once
+    # per kept draw (PyMC computes deterministics for the trace, not for the log density). Both start
+    # from the first time of the union of the grids: CVODE's first step size depends on the first output
+    # time and, in its normal mode, on nothing else of the output times
     grid = np.union1d(t, dense)
-    rows_obs, rows_dense = np.searchsorted(grid, t), np.searchsorted(grid, dense)
-    integrator = Integrator(system, grid, solver)
+    solve_times, plot_times = np.union1d(t, grid[:2]), np.union1d(grid[:1], dense)
+    rows_obs, rows_dense = np.searchsorted(solve_times, t), np.searchsorted(plot_times, dense)
+    integrator = Integrator(system, solve_times, solver)
+    plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
     log_scale = tuple(log_scale)
     for name in log_scale:
@@ -264,13 +272,14 @@ def build_ode_model(
         ok = pt.all(pt.isfinite(traj))
         pm.Potential("solve_failed", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
         safe = pt.switch(ok, traj, 0.0)
+        states = ODEOp(plotting, on_failure="nan")(theta, x0_vec)
         for i, s in enumerate(system.states):
-            pm.Deterministic(s, traj[rows_dense, i], dims="time_dense")
+            pm.Deterministic(s, states[rows_dense, i], dims="time_dense")
         if observables is None:
             columns = [safe[:, system.states.index(s)] for s in obs.states]
-        else:  # mu of each observable on the grid, and its trajectory
-            columns = observables.pytensor(grid, safe, theta)
-            traj_h = observables.pytensor(dense, traj[rows_dense], theta)
+        else:  # mu of each observable on the solve's grid, and its trajectory
+            columns = observables.pytensor(solve_times, safe, theta)
+            traj_h = observables.pytensor(dense, states[rows_dense], theta)
             for o, name in enumerate(observables.names):
                 pm.Deterministic(name, traj_h[o], dims="time_dense")
         for m, s in enumerate(obs.states):
