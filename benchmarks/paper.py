@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated METRIC:TUNE step-4 variants, e.g. adapt:500,laplace:200 (default: the "
+                    help="comma-separated METRIC:TUNE step-4 variants (METRIC adapt, laplace, or nutpie: the nutpie engine), e.g. adapt:500,nutpie:500 (default: the "
                          "default fit only)")
     a = ap.parse_args()
     variants = [None] if not a.variants else [(v.split(":")[0], int(v.split(":")[1])) for v in a.variants.split(",")]
@@ -73,7 +73,9 @@ def main() -> None:
     rows = []
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         for key, variant in ((k, v) for k in keys for v in variants):
-            extra = {} if variant is None else {"posterior": pgpgm.NUTS(tune=variant[1], metric=variant[0])}
+            extra = {} if variant is None else {"posterior": (
+                pgpgm.NUTS(tune=variant[1], sampler="nutpie") if variant[0] == "nutpie" else
+                pgpgm.NUTS(tune=variant[1], metric=variant[0]))}
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
             rows.append(row(case, seed, r) | ({} if variant is None else {"variant": f"{variant[0]}:{variant[1]}"}))

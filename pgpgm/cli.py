@@ -422,22 +422,6 @@ def _grid_argument(items: list[str] | None) -> np.ndarray | None:
     return np.linspace(start, stop, n)
 
 
-def _fixed_arguments(items: list[str], parameters) -> dict[str, float]:
-    fixed = {}
-    for item in items:
-        name, eq, value = item.partition("=")
-        if not eq or name not in parameters:
-            raise UsageError(f"--fixed {item!r}: expected PARAMETER=VALUE with a parameter of the model "
-                             f"{list(parameters)}")
-        try:
-            fixed[name] = float(value)
-        except ValueError:
-            raise UsageError(f"--fixed {item!r}: {value!r} is not a number") from None
-        if not np.isfinite(fixed[name]):
-            raise UsageError(f"--fixed {item!r}: the value must be finite")
-    return fixed
-
-
 def _fit(a) -> int:
 
     spec = pgpgm.load_model(a.model)
@@ -457,7 +441,7 @@ def _fit(a) -> int:
     if _has_column(a.data, "experiment"):
         return _fit_study(a, spec, case, out, noise)
     x0 = _x0_arguments(a.x0, states)
-    fixed = _fixed_arguments(a.fixed, spec.system.parameters)
+    fixed = _name_values(a.fixed, spec.system.parameters, "--fixed", "PARAMETER")
     if a.inputs or a.varying or a.hierarchical or a.noise_per_experiment is not None:
         raise UsageError("--inputs, --varying, --hierarchical and --noise-per-experiment need a study: a --data CSV "
                          "with an experiment column (experiment,time,state,value)")
@@ -523,8 +507,8 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
         if "experiment" not in inputs.columns:
             raise UsageError(f"--inputs {a.inputs}: no experiment column (its columns: {list(inputs.columns)})")
     columns = [] if inputs is None else [c for c in inputs.columns if c != "experiment"]
-    x0 = _input_arguments(a.x0, states, columns, "--x0", "STATE")
-    fixed = _input_arguments(a.fixed, parameters, columns, "--fixed", "PARAMETER")
+    x0 = _name_values(a.x0, states, "--x0", "STATE", columns)
+    fixed = _name_values(a.fixed, parameters, "--fixed", "PARAMETER", columns)
     if not x0 and np.isfinite(case.x0).any():
         x0 = {s: float(v) for s, v in zip(states, case.x0) if np.isfinite(v)}
     unknown = [p for p in a.varying if p not in parameters]
@@ -564,22 +548,24 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
     return EXIT_OK
 
 
-def _input_arguments(items: list[str], names, columns: list[str], option: str, what: str) -> dict:
-    """``NAME=VALUE`` items; a VALUE that is a column of the inputs table stays its name (per experiment)."""
+def _name_values(items: list[str], names, option: str, what: str, columns: list[str] = ()) -> dict:
+    """``NAME=VALUE`` items of ``option`` (NAME one of ``names``, VALUE a finite number); with
+    ``columns`` (of an --inputs table), a VALUE that is one of them stays its name (per experiment)."""
     out = {}
+    alternative = f" (or {what}=COLUMN of --inputs)" if columns else ""
     for item in items:
         name, eq, value = item.partition("=")
         if not eq or name not in names:
-            raise UsageError(f"{option} {item!r}: expected {what}=VALUE (or {what}=COLUMN of --inputs) with "
-                             f"{what.lower()} one of {list(names)}")
+            raise UsageError(f"{option} {item!r}: expected {what}=VALUE{alternative} with a {what.lower()} of the "
+                             f"model {list(names)}")
         if value in columns:
             out[name] = value
             continue
         try:
             out[name] = float(value)
         except ValueError:
-            raise UsageError(f"{option} {item!r}: {value!r} is neither a number nor a column of --inputs "
-                             f"{columns}") from None
+            raise UsageError(f"{option} {item!r}: {value!r} is not a number"
+                             + (f" nor a column of --inputs {list(columns)}" if columns else "")) from None
         if not np.isfinite(out[name]):
             raise UsageError(f"{option} {item!r}: the value must be finite")
     return out

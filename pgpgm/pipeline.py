@@ -267,7 +267,9 @@ def fit(
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
     ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
-    :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; all rounds within ``posterior_budget``:
+    :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; with ``"nutpie"`` one run that ends
+    when R-hat and ESS pass (up to ``posterior_draws * 2 ** (posterior_rounds - 1)`` draws per chain);
+    all rounds within ``posterior_budget``:
     a :class:`pgpgm.PosteriorBudget`, default 60 s and 300000 gradient evaluations, a number of
     seconds, or None for no limit; once it is spent the fit returns the draws it has with a
     ConvergenceWarning saying so; chains that sit in separate modes are named, each with the optimum

@@ -60,6 +60,7 @@ from .diagnostics import (
     problems,
     warn_if_unconverged,
 )
+from .nutpie_engine import sample_nutpie
 
 #: sd of log sigma in the noise prior (a factor e^2 ~ 7 per sd around the GP estimate)
 NOISE_PRIOR_LOG_SD = 2.0
@@ -622,8 +623,11 @@ def run_nuts(
         length instead of the first CPUs' worth of chains done and the others not begun)
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
-        nutpie starts every chain from ``center`` and adapts its own mass matrix; one round, and
-        PyMC cannot pass it the budget's callback: only the rounds loop of ``"pymc"`` keeps a budget)
+        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`: every chain a thread of this process,
+        started from ``center`` with nutpie's own mass-matrix adaptation; instead of rounds, one run of
+        up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
+        (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
+        spent - the same budget, result and warnings as ``"pymc"``)
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
         After a round whose draws fail a check of :func:`pgpgm.posterior.diagnostics.problems`
@@ -698,12 +702,22 @@ def run_nuts(
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
     common = dict(draws=draws, tune=tune, chains=chains, cores=cores, random_seed=seed, progressbar=progressbar,
                   compute_convergence_checks=False, model=model)
-    if nuts_sampler == "nutpie":
+    if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
-        tree = sample_in_processes(pm.sample, nuts_sampler="nutpie", initvals=start,
-                                   nuts_sampler_kwargs={"target_accept": target_accept}, **common)
-        meter.gradients = _gradient_evaluations(tree)
-        return _finish(tree, names, meter, 1, [draws], [1], [meter.gradients], [], warn)
+
+        def spent(steps: int) -> bool:
+            meter.gradients = steps
+            return bool(meter.check())
+
+        def converged(so_far) -> bool:
+            diag = diagnose(so_far, names)
+            return not problems(diag.assign_attrs(divergences=0)) or bool(find_modes(so_far, names))
+
+        tree, _ = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
+                                target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
+                                max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged)
+        n = int(tree.posterior.sizes["draw"])
+        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn)
     if starts is None:
         starts = dispersed_starts(space, center, sd, chains, rng)
     else:

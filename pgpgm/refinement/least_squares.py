@@ -155,22 +155,20 @@ class LeastSquaresProblem:
             raise DataError(f"integrator must be a pgpgm.Integrator, got {type(self.integrator).__name__}")
         system = self.integrator.system
         S, N = system.n_states, self.integrator.times.size
-        idx = _indices(self.observed_idx, S, "observed_idx", system.states)
-        if not idx:
-            raise DataError("observed_idx is empty: give the index of at least one observed state")
+        idx, labels, what = self.measured_columns()
         M = len(idx)
         y = np.asarray(self.y, dtype=float)
         if y.ndim == 1 and M == 1:
             y = y[:, None]
         if y.shape != (N, M):
-            raise DataError(f"y must have shape (N, M) = ({N}, {M}) (times x observed states), got {y.shape}")
+            raise DataError(f"y must have shape (N, M) = ({N}, {M}) (times x {what} {list(labels)}), got {y.shape}")
         if np.any(np.isinf(y)):
-            raise DataError("y contains inf: give finite values (NaN where a state is not measured)")
+            raise DataError("y contains inf: give finite values (NaN where a value is not measured)")
         if np.any(np.isfinite(y).sum(axis=0) == 0):
-            raise DataError("y has an observed state without any measurement (a column of NaN)")
+            raise DataError(f"y has a column without any measurement (all NaN): each of the {what} needs one")
         sd = np.asarray(self.noise_sd, dtype=float)
         if sd.ndim > 1 or sd.size not in (1, M):
-            raise DataError(f"noise_sd must be a scalar or have one value per observed state ({M}), got {sd.shape}")
+            raise DataError(f"noise_sd must be a scalar or have one value per column of y ({what}, {M}), got {sd.shape}")
         sd = np.broadcast_to(sd.reshape(-1), (M,)).copy()
         if not np.all(np.isfinite(sd) & (sd > 0)):
             raise DataError(f"noise_sd must be positive and finite, got {sd}")
@@ -181,15 +179,26 @@ class LeastSquaresProblem:
         if self.noise is not None:
             noise = tuple(self.noise)
             if len(noise) != M or any(n not in NOISE_MODELS for n in noise):
-                raise DataError(f"noise must name one noise model of {list(NOISE_MODELS)} per observed state ({M}), "
-                                f"got {self.noise!r}")
+                raise DataError(f"noise must name one noise model of {list(NOISE_MODELS)} per column of y ({what}, "
+                                f"{M}), got {self.noise!r}")
             object.__setattr__(self, "noise", noise)
             for k, n in enumerate(noise):  # what each model cannot explain, before any solve
-                self.models(sd)[k].check(y[:, k], f"y of {system.states[idx[k]]} (noise {n!r})")
+                self.models(sd)[k].check(y[:, k], f"y of {labels[k]} (noise {n!r})")
         for name, value in (("y", y), ("observed_idx", idx), ("noise_sd", sd), ("x0", x0), ("free_x0", free)):
             if isinstance(value, np.ndarray):
                 value.setflags(write=False)
             object.__setattr__(self, name, value)
+
+    def measured_columns(self) -> tuple[tuple[int, ...], tuple[str, ...], str]:
+        """What the M columns of ``y`` measure: ``observed_idx`` checked (M distinct state indices),
+        their labels (M,) for messages and what they are ("observed states"). A subclass whose
+        columns measure something else (:class:`~pgpgm.refinement.observed.ObservablesProblem`)
+        overrides this; the checks of ``y``, ``noise_sd``, ``x0``, ``free_x0`` and ``noise`` are shared."""
+        system = self.integrator.system
+        idx = _indices(self.observed_idx, system.n_states, "observed_idx", system.states)
+        if not idx:
+            raise DataError("observed_idx is empty: give the index of at least one observed state")
+        return idx, tuple(system.states[i] for i in idx), "observed states"
 
     # ------------------------------------------------------------------ unknowns
     @property

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import DataError, ODESolveError
-from ..noise import NOISE_MODELS
 from ..observables import Observables
 from ..solve import Integrator
 from .least_squares import LeastSquaresProblem
@@ -44,9 +43,9 @@ class ObservablesProblem(LeastSquaresProblem):
         return cls(integrator, y, tuple(range(observables.n)), noise_sd, x0, free_x0=tuple(free_x0), noise=noise,
                    observables=observables)
 
-    def __post_init__(self):
-        if not isinstance(self.integrator, Integrator):
-            raise DataError(f"integrator must be a pgpgm.Integrator, got {type(self.integrator).__name__}")
+    def measured_columns(self) -> tuple[tuple[int, ...], tuple[str, ...], str]:
+        """The O columns of ``y`` measure the observables (the integrator must solve their extended
+        system); the other checks are :class:`LeastSquaresProblem`'s."""
         obs = self.observables
         if not isinstance(obs, Observables):
             raise DataError(f"observables must be a pgpgm Observables, got {type(obs).__name__}")
@@ -54,40 +53,7 @@ class ObservablesProblem(LeastSquaresProblem):
         if tuple(system.parameters) != tuple(obs.parameters) or tuple(system.states) != tuple(obs.states):
             raise DataError(f"the integrator's system must be the observables' extended system (parameters "
                             f"{list(obs.parameters)}), got {list(system.parameters)}")
-        N, O, S = self.integrator.times.size, obs.n, system.n_states
-        y = np.asarray(self.y, dtype=float)
-        if y.ndim == 1 and O == 1:
-            y = y[:, None]
-        if y.shape != (N, O):
-            raise DataError(f"y must have shape (N, O) = ({N}, {O}) (times x observables {list(obs.names)}), "
-                            f"got {y.shape}")
-        if np.any(np.isinf(y)) or np.any(np.isfinite(y).sum(axis=0) == 0):
-            raise DataError("y must be finite where measured, with at least one measurement per observable")
-        sd = np.asarray(self.noise_sd, dtype=float)
-        if sd.ndim > 1 or sd.size not in (1, O):
-            raise DataError(f"noise_sd must be a scalar or have one value per observable ({O}), got {sd.shape}")
-        sd = np.broadcast_to(sd.reshape(-1), (O,)).copy()
-        if not np.all(np.isfinite(sd) & (sd > 0)):
-            raise DataError(f"noise_sd must be positive and finite, got {sd}")
-        x0 = np.asarray(self.x0, dtype=float).reshape(-1)
-        if x0.shape != (S,) or not np.all(np.isfinite(x0)):
-            raise DataError(f"x0 must hold {S} finite values {list(system.states)}, got {self.x0!r}")
-        free = tuple(int(i) for i in self.free_x0)
-        if any(not 0 <= i < S for i in free) or len(set(free)) != len(free):
-            raise DataError(f"free_x0 must hold distinct state indices 0..{S - 1}, got {list(free)}")
-        if self.noise is not None:
-            noise = tuple(self.noise)
-            if len(noise) != O or any(n not in NOISE_MODELS for n in noise):
-                raise DataError(f"noise must name one noise model of {list(NOISE_MODELS)} per observable ({O}), "
-                                f"got {self.noise!r}")
-            object.__setattr__(self, "noise", noise)
-            for k, n in enumerate(noise):
-                self.models(sd)[k].check(y[:, k], f"y of {obs.names[k]} (noise {n!r})")
-        for name, value in (("y", y), ("observed_idx", tuple(range(O))), ("noise_sd", sd), ("x0", x0),
-                            ("free_x0", free)):
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)
-            object.__setattr__(self, name, value)
+        return tuple(range(obs.n)), tuple(obs.names), "observables"
 
     @property
     def observed_names(self) -> tuple[str, ...]:

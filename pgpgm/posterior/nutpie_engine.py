@@ -1,0 +1,106 @@
+"""Step 4 by nutpie under pgpgm's budget: sample until the chains pass the checks, or the budget ends.
+
+nutpie (the PyMC team's NUTS in Rust, the model's log density compiled by numba) runs every chain
+as a thread of this process - no chain process starts - and spends about a third of PyMC's time
+per leapfrog step around the same log density (``benchmarks/posterior.py``). It cannot extend a
+finished chain, so instead of PyMC's rounds (:func:`pgpgm.posterior.nuts.run_nuts`) one run is
+asked for up to ``max_draws`` draws per chain and watched from here:
+
+- every :data:`POLL` seconds the leapfrog steps so far (nutpie's progress callback) go to
+  ``spent``; once it says the budget is spent the run is aborted and keeps what it drew;
+- once every chain has ``draws`` draws, and then whenever the slowest chain has :data:`GROWTH` times
+  the draws of the last check or :data:`CHECK_EVERY` seconds have passed, the draws so far go to
+  ``converged`` (R-hat, ESS and divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they
+  pass, the run ends there.
+
+The draws returned are those every chain has (a chain the abort caught ahead of the others is cut
+to the shortest), tuning excluded; ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import xarray as xr
+
+#: seconds between two looks at the budget while nutpie samples
+POLL = 0.1
+#: the draws so far are checked once every chain has ``draws``, then whenever the slowest chain has
+#: GROWTH times the draws of the last check, or CHECK_EVERY seconds after it
+GROWTH = 1.5
+CHECK_EVERY = 5.0
+
+
+def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
+                  target_accept: float, max_treedepth: int, max_draws: int, spent: Callable[[int], bool],
+                  converged: Callable[[xr.DataTree], bool]) -> tuple[xr.DataTree, bool]:
+    """Sample ``model`` with nutpie from ``start`` until ``converged`` or ``spent``.
+
+    Parameters
+    ----------
+    model : the step-4 ``pm.Model``
+    start : the constrained value of every free variable (chains start there, jittered by nutpie)
+    draws : draws per chain before the first convergence check; tune : tuning iterations per chain
+    chains : chains, all running at once (threads); seed : nutpie's seed
+    target_accept, max_treedepth : NUTS's step-size target and tree depth
+    max_draws : most draws per chain (>= ``draws``)
+    spent : called with the leapfrog steps so far (all chains, tuning included); True ends the run
+    converged : called with the draws so far (a DataTree like the result); True ends the run
+
+    Returns
+    -------
+    (tree, stopped) : the draws (``posterior`` (chain, draw), ``sample_stats``), and whether the budget
+    (``spent``) ended the run before it drew ``max_draws`` or passed ``converged``.
+    """
+    import nutpie  # an optional dependency (pip install pgpgm[nutpie])
+
+    compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
+    steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
+
+    def progress(chain_progress) -> None:
+        steps[0] = int(sum(p.total_num_steps for p in chain_progress))
+        drawn[0] = max(min(int(p.finished_draws) for p in chain_progress) - max(int(tune), 1), 0)
+
+    run = nutpie.sample(compiled, draws=int(max_draws), tune=max(int(tune), 1), chains=chains, cores=chains,
+                        seed=seed, save_warmup=False, progress_bar=False, blocking=False, progress_callback=progress,
+                        progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth)
+    stopped, passed = False, False
+    next_draws, next_time = int(draws), np.inf  # the next check: at these draws, or at this time
+    while not _finished(run):
+        time.sleep(POLL)
+        if spent(steps[0]):
+            stopped = True
+            break
+        if drawn[0] >= draws and (drawn[0] >= next_draws or time.perf_counter() >= next_time):
+            so_far = equal_chains(run.inspect())
+            if so_far.posterior.sizes["draw"] >= draws and converged(so_far):
+                passed = True
+                break
+            next_draws, next_time = int(drawn[0] * GROWTH) + 1, time.perf_counter() + CHECK_EVERY
+    tree = run.abort() if (stopped or passed) and not _finished(run) else run.wait()
+    spent(steps[0])
+    return equal_chains(tree), stopped
+
+
+def _finished(run) -> bool:
+    """Whether nutpie's background run has ended (nutpie 0.16 raises TimeoutError while it runs)."""
+    try:
+        return bool(run.is_finished)
+    except TimeoutError:
+        return False
+
+
+def equal_chains(tree: xr.DataTree) -> xr.DataTree:
+    """``tree``'s ``posterior`` and ``sample_stats`` cut to the draws every chain has (nutpie pads a
+    chain that has fewer with NaN, in its step size too); the other groups unchanged."""
+    stats = tree["sample_stats"].to_dataset()
+    drawn = np.isfinite(np.asarray(stats["step_size"], float))  # (chain, draw)
+    n = int(drawn.cumprod(axis=1).sum(axis=1).min()) if drawn.size else 0
+    out = tree.copy()
+    for group in ("posterior", "sample_stats"):
+        if group in tree.children:
+            part = tree[group].to_dataset().isel(draw=slice(0, n))
+            out[group] = xr.DataTree(part)
+    return out

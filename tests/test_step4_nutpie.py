@@ -1,0 +1,81 @@
+"""Step 4 by nutpie under pgpgm's budget (pgpgm.posterior.nutpie_engine): the budget ends the run, a run
+that passes R-hat and ESS ends there, chains cut to equal length (issue 30)."""
+
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
+from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
+from pgpgm.posterior.nutpie_engine import equal_chains
+
+pytest.importorskip("nutpie")
+
+import pgpgm  # noqa: E402
+from pgpgm.data import as_observations  # noqa: E402
+
+DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
+T = np.linspace(0, 3, 12)
+SD = 0.1
+
+
+def _decay_model():
+    y = 2.0 * np.exp(-0.8 * T) + np.random.default_rng(3).normal(0, SD, T.size)
+    obs = as_observations({"time": T, "x": y}, ["x"], DECAY)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    return model, {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.05, "x_0": SD}
+
+
+def test_nutpie_stops_at_its_gradient_budget_and_says_so():
+    """Up to 4000 x 32 draws per chain asked; a budget of 20000 leapfrog steps ends the run (watched
+    every 0.1 s: the count may pass the budget by what the chains do in that time), keeps equal chains
+    of finite draws, and warns naming the budget."""
+    model, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=4000, tune=200, chains=2, seed=1, progressbar=False,
+                                nuts_sampler="nutpie", budget=PosteriorBudget(None, 20_000))
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations"
+    assert spent["used_gradient_evaluations"] >= 20_000
+    n = tree.posterior.sizes["draw"]
+    assert 0 < n < 4000 and tree.posterior.sizes["chain"] == 2
+    assert np.all(np.isfinite(tree.posterior["k"].values))
+    # the kept draws' leapfrog steps do not exceed what was counted (tuning excluded from the draws)
+    assert int(tree.sample_stats["n_steps"].sum()) <= spent["used_gradient_evaluations"]
+
+
+def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
+    """With no budget, the run asked for up to 300 x 32 draws per chain ends once R-hat <= 1.01 and
+    ESS >= 400 (checked once every chain has 300 draws, then at 1.5x as many or every 5 s); its posterior mean of k equals
+    PyMC's NUTS (an independent sampler, long chains) within four Monte Carlo standard errors."""
+    model, center, sd = _decay_model()
+    tree = sample_posterior(model, center, sd, draws=300, tune=300, chains=4, seed=2, progressbar=False,
+                            nuts_sampler="nutpie", budget=None)
+    diag = diagnose(tree, ["k", "x_0"])
+    assert float(diag["rhat"].max()) <= 1.01 and float(diag["ess_bulk"].min()) >= 400
+    assert 300 <= tree.posterior.sizes["draw"] < 300 * 32
+    ref = sample_posterior(model, center, sd, draws=3000, tune=500, chains=4, cores=2, seed=3, progressbar=False,
+                           budget=None, warn=False)
+    for name in ("k", "x_0"):
+        a, b = tree.posterior[name].values.ravel(), ref.posterior[name].values.ravel()
+        ess_a = float(diagnose(tree, [name])["ess_bulk"][0])
+        ess_b = float(diagnose(ref, [name])["ess_bulk"][0])
+        se = np.sqrt(a.var() / ess_a + b.var() / ess_b)
+        assert abs(a.mean() - b.mean()) < 4 * se, name
+        assert a.std() == pytest.approx(b.std(), rel=0.15), name
+
+
+def test_equal_chains_cuts_every_chain_to_the_shortest():
+    """nutpie pads a chain that drew less with NaN (step size too): every group is cut to the draws all
+    chains have."""
+    step = np.array([[0.1, 0.1, 0.1, 0.1], [0.2, 0.2, np.nan, np.nan]])
+    k = np.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, np.nan, np.nan]])
+    tree = xr.DataTree.from_dict({
+        "posterior": xr.Dataset({"k": (("chain", "draw"), k)}),
+        "sample_stats": xr.Dataset({"step_size": (("chain", "draw"), step)}),
+        "observed_data": xr.Dataset({"y": ("t", np.arange(3.0))})})
+    out = equal_chains(tree)
+    np.testing.assert_array_equal(out.posterior["k"].values, [[1.0, 2.0], [5.0, 6.0]])
+    assert out.sample_stats.sizes["draw"] == 2 and out["observed_data"].sizes["t"] == 3
