@@ -6,9 +6,11 @@ compartment C,
     dA/dt = -ka A,    dC/dt = ka A - ke C,
 
 measured as ``y_C = C`` (directly), ``y_total = A + C`` (a sum with the latent state) and
-``y_blot = s * A`` (the latent state up to an unknown scale s). References are independent of
-pgpgm: scipy's solve_ivp and least_squares from 24 starts written here, scipy.stats densities,
-finite differences.
+``y_blot = s * A`` (the latent state up to an unknown scale s: steps 1-2 fit a GP to y_blot and match
+gradients of A = y_blot / s, s sampled with theta). Lotka-Volterra measured only as y = s * x2 is the
+case where step 2 sees the scale only as t2 / s and step 3 pins it from the known x2(0). References are
+independent of pgpgm: scipy's solve_ivp and least_squares from 24 starts written here, scipy.stats
+densities, the gradient-matching density written out by hand, finite differences.
 """
 
 import json
@@ -361,6 +363,40 @@ def test_fit_with_a_scaled_state_and_a_sum_reaches_the_optimum():
     assert "s" in result.gradient_matching.posterior and "y_blot" in result.gradient_matching.posterior
     why = json.loads(est.attrs["observables_in_steps_1_2"])
     assert why["y_total"].startswith("refused in steps 1-2") and "a GP on the measurement" in why["y_blot"]
+
+
+def test_scaled_state_with_an_unknown_initial_value_starts_from_the_chains_and_reaches_the_optimum():
+    # y_C = C and y_blot = s * A with A(0) unknown (a prior): step 2 matches A = y_blot / s (s pinned by
+    # dC/dt = ka y_blot / s - ke C); step 3 starts A(0) at y_blot(0) / s from the chains' means and frees it
+    observables = {"y_C": "C", "y_blot": "s*A"}
+    sd = SD[[0, 2]]
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=sd, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(SYSTEM, d, observables=observables, x0={"A": (2.0, 20.0)}, priors=BOX, noise_sd=sd,
+                           draws=300, tune=300, chains=2, posterior="laplace", posterior_draws=100,
+                           posterior_chains=1, progressbar=False, seed=0)
+    y = d["y"].values
+
+    def res(q):  # q = (ka, ke, s, A(0), C(0))
+        x = _solve(q[0], q[1], q[3:5], TIMES)
+        return ((np.column_stack([x[:, 1], q[2] * x[:, 0]]) - y) / sd).ravel()
+
+    rng = np.random.default_rng(11)
+    ref = min((optimize.least_squares(res, np.concatenate([rng.uniform(0.05, 5.0, 3), rng.uniform([2.0, -0.5],
+                                                                                                  [20.0, 0.5])]),
+                                      bounds=([BOX[0]] * 3 + [-np.inf] * 2, [BOX[1]] * 3 + [np.inf] * 2),
+                                      method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+               for _ in range(24)), key=lambda r: r.cost)
+    est = result.estimates
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x[:3], rtol=2e-5)
+    np.testing.assert_allclose(est["x0"].values, ref.x[3:], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    assert est["x0_unknown"].values.tolist() == [True, False]
+    se = float(est["x0_stderr"].sel(state="A"))
+    assert np.isfinite(se) and 0 < se < 0.1 * ref.x[3]  # determined: s by C's equation, A(0) by s * A(0)
+    gm = result.gradient_matching.posterior
+    assert "s" in gm and "y_blot" in gm and "A_0" not in gm  # A(0) is no part of steps 1-2
 
 
 # ------------------------------------------------------------------ step 4
