@@ -13,6 +13,20 @@ zero), and compiles h and its exact derivatives (sympy, printed to numba like th
 kernels, :mod:`pgpgm.codegen`) for the refinement's chain-rule Jacobian; :meth:`Observables.pytensor`
 gives h as PyTensor expressions for the step-4 model.
 
+Steps 1-2 (a GP per measured state, gradient matching) use the observables that determine one state
+from the measurement alone given the parameters (:meth:`Observables.for_matching`): an identity
+observable (the state itself) and an observable **affine in one state**, y = a * P + c with a scale a
+and an offset c of parameters alone (``s * P``, ``P * s``, ``P / s``, ``s * P + b``, ``P + b``,
+``2 * P``). For the latter the GP is fitted to the measurement y, and gradient matching works on
+P = (y_gp - c) / a with dP/dt = (dy_gp/dt) / a: :meth:`Observables.matching_system` writes the
+system with the state P replaced by the state y (named after the observable), dy/dt = a f_P(x) and
+every equation seeing P = (y - c) / a, so the gradient-matching density (unchanged) matches
+dy_gp/dt against a f_P with the GP's covariance (gamma in y's units), and the parameters in a and c
+are sampled with theta. Every other observable enters at step 3; :meth:`Observables.for_matching`
+says why for each: a function of several states (one GP cannot give each state's values), one that
+is not affine in its state or whose scale or offset involves t (P cannot be read off the
+measurement), or a second observable of a state that has a GP already (one GP per state).
+
 Bad input - an empty mapping, a name that is not an identifier or clashes with a state, a parameter
 or another observable, an expression that does not parse, or one that uses no state - raises
 :class:`~pgpgm.errors.ModelDefinitionError` naming the observable, before anything is compiled.
@@ -83,6 +97,46 @@ class _Collect(dict):
         self[name] = sp.Symbol(name, real=True)
         self.new.append(name)
         return True
+
+
+@dataclass(frozen=True, eq=False)
+class ScaledState:
+    """An observable y = scale * P + offset, affine in the one state P, with a scale and an offset of
+    parameters alone: steps 1-2 fit a GP to y and match gradients of P = (y - offset) / scale
+    (:meth:`Observables.matching_system`). An identity observable is scale 1, offset 0.
+
+    Attributes
+    ----------
+    observable : the observable's name (the matching system's state that replaces P)
+    state : P
+    scale, offset : sympy expressions in parameters only (scale not identically 0)
+    identity : whether the observable is the state itself (an identity observable: the GP on the
+        state, which keeps its name in steps 1-2)
+    """
+
+    observable: str
+    state: str
+    scale: sp.Expr
+    offset: sp.Expr
+    identity: bool = False
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The names of the parameters the scale and offset use (sorted)."""
+        return tuple(sorted(s.name for s in (self.scale.free_symbols | self.offset.free_symbols)))
+
+    def state_value(self, y: float, values: Mapping[str, float]) -> float:
+        """P = (y - offset) / scale at the parameter values ``values`` (name -> number)."""
+        subs = {Observables.symbol(k): float(values[k]) for k in self.parameters}
+        return float((y - self.offset.xreplace(subs)) / self.scale.xreplace(subs))
+
+    def describe(self) -> str:
+        """How steps 1-2 use this observable, in words."""
+        if self.identity:
+            return f"a GP on the measurement: the state {self.state} measured directly"
+        inv = format_expression((Observables.symbol(self.observable) - self.offset) / self.scale)
+        sampled = f", {list(self.parameters)} sampled with theta" if self.parameters else ""
+        return f"a GP on the measurement: the state {self.state} = {inv} in gradient matching{sampled}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,6 +239,83 @@ class Observables:
         """The states observable ``name`` depends on, in state order."""
         used = {s.name for s in self.expressions[self.names.index(name)].free_symbols}
         return tuple(s for s in self.states if s in used)
+
+    def affine_in_state(self, name: str) -> ScaledState | str:
+        """Observable ``name`` as y = scale * P + offset (:class:`ScaledState`) when it is affine in
+        its one state P with a scale and an offset of parameters alone, else the reason it is not
+        (a sentence)."""
+        expr = self.expressions[self.names.index(name)]
+        states = self.states_of(name)
+        if len(states) != 1:
+            return (f"a function of the states {', '.join(states)}: one GP on it would not give each state's values "
+                    "(steps 1-2 match observables a * P + c of one state P only)")
+        P = self.symbol(states[0])
+        scale = sp.diff(expr, P)
+        allowed = {self.symbol(p) for p in self.parameters}
+        if P in scale.free_symbols or not scale.free_symbols <= allowed | {self.symbol("t")}:
+            return (f"not of the form a * {states[0]} + c (a, c of parameters alone): {states[0]} cannot be read "
+                    "off the measurement by a scale and an offset")
+        offset = expr.xreplace({P: sp.Integer(0)})
+        if not (scale.free_symbols | offset.free_symbols) <= allowed:
+            return (f"its scale or offset changes with t: {states[0]}'s derivative is not the measurement's "
+                    "derivative over the scale")
+        if scale == 0:
+            return f"its scale is 0: it does not determine {states[0]}"
+        return ScaledState(name, states[0], scale, offset)
+
+    def for_matching(self) -> tuple[dict[str, ScaledState], dict[str, str]]:
+        """Which observables steps 1-2 fit a GP to: (observable -> :class:`ScaledState`, in the order of
+        :attr:`names`; observable -> why not, for the others). Identity observables come first: a state
+        measured directly and also up to a scale gets its GP from the direct measurement; of two
+        scaled observables of one state the first gets the GP (one GP per state); the others, like every
+        observable not affine in one state (:meth:`affine_in_state`), enter at step 3."""
+        ident = self.identity
+        scaled = {n: self.affine_in_state(n) for n in self.names if n not in ident}
+        chosen, refused = {}, {}
+        taken = {s: n for n, s in ident.items()}
+        for n in self.names:
+            if n in ident:
+                chosen[n] = ScaledState(n, ident[n], sp.Integer(1), sp.Integer(0), identity=True)
+                continue
+            got = scaled[n]
+            if isinstance(got, str):
+                refused[n] = got
+            elif got.state in taken:
+                refused[n] = (f"the state {got.state} has a GP from {taken[got.state]!r} already (one GP per state in "
+                              "steps 1-2)")
+            else:
+                taken[got.state] = n
+                chosen[n] = got
+        return chosen, refused
+
+    def matching_system(self, system: ODESystem, scaled) -> ODESystem:
+        """The system of steps 1-2 when the non-identity observables ``scaled`` (:class:`ScaledState`
+        of these observables) are matched: each one's state P is replaced, at its place in the state
+        vector, by the state named after the observable, y = a P + c, with dy/dt = a f_P and every
+        equation evaluated at P = (y - c) / a; the parameters are ``system``'s (theta) followed by the
+        observation parameters that a scale or offset uses (in :attr:`observation_parameters` order).
+        ``system`` is the system whose parameters are this object's up to the observation parameters
+        (the fitted one: fixed values substituted alike)."""
+        scaled = [s for s in scaled if not s.identity]
+        if not scaled:
+            return system
+        subs = {}
+        for s in scaled:
+            y = self.symbol(s.observable)
+            subs[self.symbol(s.state)] = (y - s.offset) / s.scale
+        by_state = {s.state: s for s in scaled}
+        states, exprs = [], []
+        for name, f in zip(system.states, system.expressions):
+            g = f.xreplace(subs)
+            if name in by_state:
+                states.append(by_state[name].observable)
+                g = by_state[name].scale * g
+            else:
+                states.append(name)
+            exprs.append(g)
+        used = {p for s in scaled for p in s.parameters}
+        phi = tuple(p for p in self.observation_parameters if p in used and p not in system.parameters)
+        return ODESystem(tuple(states), (*system.parameters, *phi), tuple(exprs), system.name)
 
     def texts(self) -> dict[str, str]:
         """Observable name -> its expression in the equation language (what :meth:`parse` reads back)."""

@@ -31,7 +31,7 @@ from .matching.density import (
     gradient_matching_density,
     per_state,
 )
-from .observables import Observables
+from .observables import Observables, ScaledState
 from .ode.system import ODESystem
 from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .posterior.nuts import (
@@ -132,7 +132,9 @@ class Prepared:
     ``noise`` the measurement noise models of steps 3-4 (None: Gaussian throughout); with observables
     (``observables``, of the fitted system; ``observables_full`` of the full one; ``likelihood_priors``
     the priors of theta and phi) ``matching`` is None when no state is measured directly (steps 1-2
-    skipped, :func:`refine_from_box`)."""
+    skipped, :func:`refine_from_box`); ``scaled`` the observables affine in one state whose GP is on
+    the measurement in steps 1-2 (:class:`~pgpgm.observables.ScaledState`; ``matching.system`` then
+    has the measurement in the state's place, :meth:`~pgpgm.observables.Observables.matching_system`)."""
 
     full: ODESystem
     system: ODESystem
@@ -152,6 +154,7 @@ class Prepared:
     observables: Observables | None = None
     observables_full: Observables | None = None
     likelihood_priors: Priors | None = None
+    scaled: tuple[ScaledState, ...] = ()
 
     @property
     def direct(self) -> tuple[str, ...]:
@@ -323,11 +326,23 @@ def fit(
     that are neither states nor parameters (``s``) are observation parameters, appended to the
     system's parameters (the result's ``system``) with the default prior box unless ``priors`` names
     them. Steps 3-4 fit h(t, x, theta, phi) (chain-rule Jacobian; ``noise``, ``noise_sd`` per
-    observable); steps 1-2 use the identity observables (``"y_C": "C"``: C observed) and treat every
-    other state as latent (``x0`` as for latent states; ``kernel``/``gamma`` mappings by state); with
-    no state measured directly, steps 1-2 are skipped and step 3 starts from a Latin hypercube over
-    the prior boxes (:func:`refine_from_box`). ``result.trajectories["h"]`` (estimate, time_dense,
-    observable) holds the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
+    observable). Steps 1-2 fit a GP to the identity observables (``"y_C": "C"``: C observed) and to
+    the observables affine in one state, y = a * P + c with a scale and offset of parameters
+    (``"s * A"``, ``"A / s"``, ``"s * A + b"``): the GP is on the measurement y, gradient matching
+    works on P = (y_gp - c) / a with dP/dt = (dy_gp/dt) / a (gamma in y's units), and the parameters of
+    a and c are sampled with theta (their priors from ``priors`` like theta's; the step-2 chains hold
+    them and the GP-smoothed y, named after the observable). Every other state is latent there (``x0``
+    as for latent states; ``kernel``/``gamma`` mappings by directly measured state or scaled
+    observable). A state measured up to a scale is latent in steps 3-4 (its initial value known
+    from ``x0``, or a prior there): step 2 does not use its initial value, so when the equations are
+    unchanged by P -> P / s with the parameters rescaled (e.g. Lotka-Volterra's t2 / s), step 2's
+    chains lie along that ridge and step 3 pins s from the known initial value. Functions of several
+    states, observables not affine in their state or with a scale or offset in t, and a second
+    observable of a state with a GP are refused in steps 1-2 and enter at step 3
+    (``result.estimates.attrs["observables_in_steps_1_2"]`` says which and why); with none matched,
+    steps 1-2 are skipped and step 3 starts from a Latin hypercube over the prior boxes
+    (:func:`refine_from_box`). ``result.trajectories["h"]`` (estimate, time_dense, observable) holds
+    the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
 
     Data: each observed state may have its own times and missing values (a tidy long
     DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
@@ -490,11 +505,15 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
 
     Steps 3-4 fit the system extended by the observation parameters (``system``, ``full``) to the
     observables' data (``obs``, columns the observable names). Steps 1-2 (``matching``) fit a GP to each
-    identity observable (a state measured directly) and match gradients with every other state latent:
-    a sum, a scale times a state or any other function of several states and parameters cannot be
-    matched without knowing the parameters it involves, so those observables enter at step 3. With no
-    state measured directly ``matching`` is None: steps 1-2 are skipped (:func:`refine_from_box`), which
-    needs a (lower, upper) box for every parameter and unknown initial value and a step 4."""
+    observable of :meth:`~pgpgm.observables.Observables.for_matching`: an identity observable (a state
+    measured directly, the GP on that state) and an observable y = a * P + c affine in one state P with
+    a scale a and an offset c of parameters (``s * P``, ``P / s``, ``s * P + b``: the GP on y; the
+    matching system, :meth:`~pgpgm.observables.Observables.matching_system`, has the state y in P's
+    place, and the parameters of a and c are sampled with theta, ``scaled``); every other state is
+    latent. A sum or any other function of several states, or one not affine in its state, cannot be
+    read as one state's values, so it enters at step 3. With no observable matched ``matching`` is
+    None: steps 1-2 are skipped (:func:`refine_from_box`), which needs a (lower, upper) box for every
+    parameter and unknown initial value and a step 4."""
     if transform is not None:
         raise DataError("transform is not available with observables (it puts states on the log scale, and "
                         "observables are functions of the states on their own scale); leave transform out - "
@@ -521,35 +540,15 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
     spec = Observables.parse({n: observables[n] for n in obs.states}, system)  # in the data's order
     ident = spec.identity
     direct = [n for n in obs.states if n in ident]
-    if not direct and options.posterior is None:
-        raise DataError(f"no state is measured directly (the observables {dict(spec.texts())} are functions of "
-                        "states and parameters), so steps 1-2 (a GP per observed state, gradient matching) do not "
-                        "run and there are no chains to be the posterior: use posterior='nuts' or 'laplace', or add an "
-                        f"identity observable such as {{'y_{system.states[0]}': '{system.states[0]}'}} if a state is "
-                        "measured directly")
     twice = sorted({ident[n] for n in direct if [ident[k] for k in direct].count(ident[n]) > 1})
     if twice:
         raise DataError(f"states {twice} are each measured by several identity observables; give one column per state")
-    cols = [obs.states.index(n) for n in direct]
     noise_sd = options.noise_sd
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
     measurement = measurement_noise(noise, obs, noise_sd, None)  # None: Gaussian on every observable
     if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
         x0 = np.asarray(data.attrs["x0"], float)
-    gm_sd = None
-    if noise_sd is not None:  # the GP's sd, in the data's units (a lognormal sd of log y times the median y)
-        sd = np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)).copy()
-        if measurement is not None:
-            for m, n in enumerate(measurement.names):
-                if n == "lognormal":
-                    sd[m] *= float(np.nanmedian(np.abs(obs.values[:, m])))
-        gm_sd = sd[cols]
-    gm_data = {"time": obs.times, **{ident[n]: obs.values[:, m] for n, m in zip(direct, cols)}}
-    gm_obs = as_observations(gm_data, [ident[n] for n in direct], system, grid=obs.times) if direct else None
-    per_state(options.kernel, gm_obs.states if direct else (), "kernel")  # a mapping names direct states only
-    for v in per_state(options.gamma, gm_obs.states if direct else (), "gamma"):
-        check_gamma(v)
     full = spec.extend(system)
     if true_theta is not None:
         tt = as_float_array(true_theta, "true_theta")
@@ -563,20 +562,65 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
         fixed = {k: float(v) for k, v in fixed.items()}
         gm_system = system.fix({k: v for k, v in fixed.items() if k in system.parameters})
         fit_spec = spec.fix(fixed)
-        priors, init = _without_fixed(priors, init, fixed, system.parameters, gm_system.parameters)
+    # the observables of steps 1-2: the identity ones and those affine in one state (the GP on y)
+    matched = fit_spec.for_matching()[0]
+    scaled = tuple(v for v in matched.values() if not v.identity)
+    if not matched and options.posterior is None:
+        raise DataError(f"no state is measured directly or as a * state + c (the observables {dict(spec.texts())} "
+                        "are functions of several states, or not affine in their state), so steps 1-2 (a GP per observed state, "
+                        "gradient matching) do not run and there are no chains to be the posterior: use "
+                        "posterior='nuts' or 'laplace', or add an identity observable such as "
+                        f"{{'y_{system.states[0]}': '{system.states[0]}'}} if a state is measured directly")
+    cols = [obs.states.index(n) for n in matched]
+    gm_names = [v.state if v.identity else v.observable for v in matched.values()]  # the matching system's states
+    gm_sd = None
+    if noise_sd is not None:  # the GP's sd, in the data's units (a lognormal sd of log y times the median y)
+        sd = np.broadcast_to(np.asarray(noise_sd, float).reshape(-1), (len(obs.states),)).copy()
+        if measurement is not None:
+            for m, n in enumerate(measurement.names):
+                if n == "lognormal":
+                    sd[m] *= float(np.nanmedian(np.abs(obs.values[:, m])))
+        gm_sd = sd[cols]
+    if scaled:  # the states measured up to a scale: the measurement y is a state of steps 1-2, in P's place
+        gm_system = fit_spec.matching_system(gm_system, scaled)
+        names = [*gm_system.parameters, *gm_system.states, *(f"y_{g}" for g in gm_names)]  # step 2's variables
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise DataError(f"in steps 1-2 the observables {[v.observable for v in scaled]} are states beside the "
+                            f"likelihood terms y_<state>, and {clash} would name two variables; rename the observable")
+    gm_data = {"time": obs.times, **{g: obs.values[:, m] for g, m in zip(gm_names, cols)}}
+    gm_obs = as_observations(gm_data, gm_names, gm_system, grid=obs.times) if matched else None
+    per_state(options.kernel, gm_obs.states if matched else (), "kernel")  # names direct states, scaled observables
+    for v in per_state(options.gamma, gm_obs.states if matched else (), "gamma"):
+        check_gamma(v)
+    theta_names = [p for p in fit_system.parameters if p in system.parameters]
+    if fixed:
+        priors, init = _without_fixed(priors, init, fixed, system.parameters, theta_names)
     likelihood_priors = Priors.from_user(fit_system.parameters, priors)
+    if scaled and not isinstance(init, str):  # init gives theta: the sampled observation parameters start mid-box
+        values = as_float_array(init, "init")
+        if values.shape == (len(theta_names),):
+            b = likelihood_priors.bounds
+            mid = {p: (float(np.mean(b[k])) if b is not None and np.all(np.isfinite(b[k])) else 1.0)
+                   for k, p in enumerate(fit_system.parameters)}
+            init = np.concatenate([values, [mid[p] for p in gm_system.parameters[len(theta_names):]]])
     gm_priors = ({k: v for k, v in priors.items() if k in gm_system.parameters} if isinstance(priors, Mapping)
                  else priors)
-    initial_values(gm_system, gm_data, x0, gm_system.index_of_states(gm_obs.states) if direct else [])
-    if not direct:  # step 3 from the prior box: every box must be finite
+    gm_x0 = x0
+    if scaled and isinstance(x0, Mapping):  # a scaled state's initial value is no part of steps 1-2
+        gm_x0 = {k: v for k, v in x0.items() if k not in {v_.state for v_ in scaled}}
+    initial_values(gm_system, gm_data, gm_x0, gm_system.index_of_states(gm_obs.states) if matched else [])
+    if scaled:  # the scaled states are latent in steps 3-4: a known initial value or a prior there
+        initial_values(system, None, x0, system.index_of_states([ident[n] for n in direct]))
+    if not matched:  # step 3 from the prior box: every box must be finite
         unbounded = [p for p, sp_ in zip(likelihood_priors.names, likelihood_priors.specs) if callable(sp_)]
         unbounded += [s for s, v in initial_value_priors(system, x0, []).items() if callable(v)]
         if unbounded:
-            raise DataError(f"no state is measured directly, so step 3 starts from points spread over the prior "
-                            f"boxes; {unbounded} have no box: give them (lower, upper) priors")
-    gm = Problem(gm_system, gm_data, gm_obs, x0, gm_sd) if direct else None
+            raise DataError(f"no state is measured directly or as a * state + c, so step 3 starts from points "
+                            f"spread over the prior boxes; {unbounded} have no box: give them (lower, upper) priors")
+    gm = Problem(gm_system, gm_data, gm_obs, gm_x0, gm_sd) if matched else None
     return Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
-                    true_theta, measurement, None, fit_spec, spec, likelihood_priors)
+                    true_theta, measurement, None, fit_spec, spec, likelihood_priors, scaled)
 
 
 def _is_table(data) -> bool:
@@ -598,20 +642,25 @@ def _data_columns(data) -> list[str]:
 
 
 def profile_phi(spec: Observables, integrator: Integrator, y: np.ndarray, theta: np.ndarray, x0: np.ndarray,
-                bounds: np.ndarray | None, n_theta: int) -> np.ndarray:
+                bounds: np.ndarray | None, n_theta: int, given: np.ndarray | None = None) -> np.ndarray:
     """(F,) start of the observation parameters for the start (theta (P,), x0 (S,)): with the trajectory
     solved once, least squares over phi alone of the observables' residuals, each observable scaled by
     the sd of its data, from the middle of phi's prior box (from 1 without a box). The observation
     parameters (scales, offsets) enter h directly, so this cheap fit puts them where the chains' theta
-    explains the data best; step 3 then refines everything jointly."""
+    explains the data best; step 3 then refines everything jointly. ``given`` (F,): values held (the
+    observation parameters step 2 sampled, NaN for those fitted here)."""
     from scipy import optimize
 
     F = len(spec.parameters) - n_theta
     if F == 0:
         return np.zeros(0)
+    held = np.full(F, np.nan) if given is None else np.asarray(given, float).reshape(F)
+    sub = np.flatnonzero(np.isnan(held))  # the entries fitted here
     lo, hi = ((bounds[n_theta:, 0], bounds[n_theta:, 1]) if bounds is not None else (np.full(F, -np.inf),
                                                                                    np.full(F, np.inf)))
-    phi0 = np.where(np.isfinite(lo) & np.isfinite(hi), (lo + hi) / 2, 1.0)
+    phi0 = np.where(np.isnan(held), np.where(np.isfinite(lo) & np.isfinite(hi), (lo + hi) / 2, 1.0), held)
+    if sub.size == 0:
+        return phi0
     try:
         x = integrator.solve(np.concatenate([theta, phi0]), x0)
     except ODESolveError:
@@ -619,17 +668,23 @@ def profile_phi(spec: Observables, integrator: Integrator, y: np.ndarray, theta:
     t, mask = integrator.times, np.isfinite(y)
     scale = np.array([float(np.std(y[mask[:, o], o])) or 1.0 for o in range(y.shape[1])])
 
-    def res(phi):
+    def phi_of(v):
+        out = phi0.copy()
+        out[sub] = v
+        return out
+
+    def res(v):
         with np.errstate(all="ignore"):
-            r = (spec.values(t, x, np.concatenate([theta, phi])) - y) / scale
+            r = (spec.values(t, x, np.concatenate([theta, phi_of(v)])) - y) / scale
         return np.where(np.isfinite(r), r, 1e6)[mask]
 
-    def jac(phi):
-        _, dp = spec.jacobians(t, x, np.concatenate([theta, phi]))
-        return (dp[:, :, n_theta:] / scale[None, :, None])[mask]
+    def jac(v):
+        _, dp = spec.jacobians(t, x, np.concatenate([theta, phi_of(v)]))
+        return (dp[:, :, n_theta + sub] / scale[None, :, None])[mask]
 
     try:
-        return optimize.least_squares(res, phi0, jac=jac, bounds=(lo, hi), method="trf", max_nfev=100).x
+        return phi_of(optimize.least_squares(res, phi0[sub], jac=jac, bounds=(lo[sub], hi[sub]), method="trf",
+                                             max_nfev=100).x)
     except (ValueError, np.linalg.LinAlgError):
         return phi0
 
@@ -637,49 +692,70 @@ def profile_phi(spec: Observables, integrator: Integrator, y: np.ndarray, theta:
 def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions) -> Refined:
     """Step 3 with observables: least squares of the observables' residuals
     (:class:`~pgpgm.refinement.ObservablesProblem`) over (theta, phi, free initial values) from the
-    chains' pooled mean and each chain's mean, phi started by :func:`profile_phi`; the best by
-    likelihood. The noise sds start at the GP's for identity observables and at the residual sd of the
-    pooled start for the others."""
+    chains' pooled mean and each chain's mean: theta and the observation parameters step 2 sampled (the
+    scales and offsets of ``prepared.scaled``) at the chains' means, the other observation parameters
+    started by :func:`profile_phi`; the best by likelihood. A state measured up to a scale starts at its
+    known initial value, else at (y0 - c) / a from the chains' means. The noise sds start at the GP's
+    for the observables with a GP and at the residual sd of the pooled start for the others."""
     system, density, run, spec, obs = prepared.system, matched.density, matched.run, prepared.observables, prepared.obs
     post = run.tree.posterior
-    gm_params = prepared.matching.system.parameters
-    P = len(gm_params)
+    gm_params = prepared.matching.system.parameters  # theta, then the observation parameters step 2 sampled
+    n_theta = len(spec.parameters) - len(spec.observation_parameters)
     prior = prepared.likelihood_priors
     bounds = prior.bounds
-    unknown = tuple(system.states[i] for i in density.unknown_x0_idx)
+    sampled_unknown = tuple(system.states[i] for i in density.unknown_x0_idx)  # unknown latent x0 in step 2
+    unknown, x0_priors = sampled_unknown, None
     free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx
+    if prepared.scaled:  # the scaled states are latent here: their initial value known, or free with its prior
+        direct_idx = tuple(system.index_of_states(prepared.direct))
+        priors_x0 = initial_value_priors(system, prepared.x0, direct_idx)
+        unknown = tuple(s for s in system.states if s in priors_x0)
+        x0_priors = {s: priors_x0[s] for s in unknown}
+        known = initial_values(system, None, prepared.x0, direct_idx)
+        free_x0 = (direct_idx if options.refine_x0 else ()) + tuple(system.states.index(s) for s in unknown)
 
-    def start(sel) -> tuple[np.ndarray, np.ndarray]:  # (theta (P,), x0 (S,)) the chains' means (sel: all or one)
+    def start(sel) -> tuple[np.ndarray, np.ndarray]:  # (step 2's parameters, x0 (S,)) the chains' means
         mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())
         theta = np.array([float(post[p].sel(**sel).mean()) for p in gm_params])
-        x0 = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in unknown]),
+        x0 = np.array(density.initial_state([mean(s) for s in density.obs.states], [mean(s) for s in sampled_unknown]),
                       dtype=float)
+        for sc in prepared.scaled:  # the matching state is the measurement y: P = (y - c) / a at t0
+            i = system.states.index(sc.state)
+            x0[i] = known[i] if np.isfinite(known[i]) else sc.state_value(x0[i], dict(zip(gm_params, theta)))
         return theta, x0
+
+    def parameters(theta_gm: np.ndarray, x0: np.ndarray) -> np.ndarray:  # (P + F,) the other phi profiled
+        given = dict(zip(gm_params, theta_gm))
+        theta = np.array([given[p] for p in spec.parameters[:n_theta]])
+        held = np.array([given.get(p, np.nan) for p in spec.observation_parameters])
+        return np.concatenate([theta, profile_phi(spec, integrator, obs.values, theta, x0, bounds, n_theta, held)])
 
     integrator = matched.integrator
     theta_s, x0_full = start({})
-    phi_s = profile_phi(spec, integrator, obs.values, theta_s, x0_full, bounds, P)
+    p_s = parameters(theta_s, x0_full)
     sels = {"pooled mean": {}} | ({f"chain {c} mean": {"chain": c} for c in post.chain.values}
                                   if post.sizes["chain"] > 1 else {})
     starts = {}
     for name, sel in sels.items():
-        theta, x0 = (theta_s, x0_full) if not sel else start(sel)
-        phi = phi_s if not sel else profile_phi(spec, integrator, obs.values, theta, x0, bounds, P)
-        starts[name] = np.concatenate([theta, phi, x0[list(free_x0)]])
-    # noise sds: the GP's for directly observed states, the residual sd at the pooled start for the others
+        if not sel:
+            p, x0 = p_s, x0_full
+        else:
+            theta, x0 = start(sel)
+            p = parameters(theta, x0)
+        starts[name] = np.concatenate([p, x0[list(free_x0)]])
+    # noise sds: the GP's for the observables with a GP (steps 1-2), the residual sd at the pooled start for the others
     O = len(obs.states)
     noise_start = np.empty(O)
     try:
-        resid = spec.values(integrator.times, integrator.solve(np.concatenate([theta_s, phi_s]), x0_full),
-                            np.concatenate([theta_s, phi_s])) - obs.values
+        resid = spec.values(integrator.times, integrator.solve(p_s, x0_full), p_s) - obs.values
     except ODESolveError:
         resid = np.full(obs.values.shape, np.nan)
-    direct = dict(zip(prepared.direct, density.noise_sd))
+    gp_sd = dict(zip(density.obs.states, density.noise_sd))  # matching state (a state, or a scaled observable)
     for o, n in enumerate(obs.states):
         y = obs.state_values(o)
         floor = 1e-3 * (float(np.std(y)) or float(np.max(np.abs(y))) or 1.0)
-        if n in spec.identity and spec.identity[n] in direct:
-            noise_start[o] = direct[spec.identity[n]]
+        if spec.identity.get(n, n) in gp_sd:
+            noise_start[o] = gp_sd[spec.identity.get(n, n)]
         else:
             r = resid[obs.mask[:, o], o]
             noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
@@ -687,8 +763,7 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
         noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
     problem, noise_start, refinements, k = _refine_observables_from(prepared, options, integrator, spec,
                                                                     noise_start, x0_full, free_x0, starts, bounds)
-    return Refined(refinements[k], refinements, starts, problem, np.concatenate([theta_s, phi_s]), x0_full,
-                   noise_start, unknown, prior)
+    return Refined(refinements[k], refinements, starts, problem, p_s, x0_full, noise_start, unknown, prior, x0_priors)
 
 
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
@@ -731,7 +806,8 @@ def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) ->
     """The observables' trajectories ``h`` (estimate, time_dense, observable) beside the states' ``x``,
     integrated from each estimate (NaN where a solve failed), and the observables' expressions
     (``trajectories.attrs["observables"]``, JSON) and observation parameters
-    (``estimates.attrs["observation_parameters"]``, JSON)."""
+    (``estimates.attrs["observation_parameters"]``, JSON), and how steps 1-2 used each observable or
+    why they did not (``estimates.attrs["observables_in_steps_1_2"]``, JSON, observable -> a sentence)."""
     traj, est = result.trajectories, result.estimates
     spec, full_spec = prepared.observables, prepared.observables_full
     t = traj["time_dense"].values
@@ -748,6 +824,10 @@ def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) ->
     result.trajectories.coords["observable"] = list(spec.names)
     result.trajectories.attrs["observables"] = json.dumps(full_spec.texts())
     result.estimates.attrs["observation_parameters"] = json.dumps(list(full_spec.observation_parameters))
+    matched, refused = spec.for_matching()  # what steps 1-2 made of each observable, and why not
+    result.estimates.attrs["observables_in_steps_1_2"] = json.dumps(
+        {n: (matched[n].describe() if n in matched else
+             "refused in steps 1-2 (fitted in steps 3-4 only): " + refused[n]) for n in spec.names})
 
 
 def match(prepared: Prepared, options: FitOptions, timings: dict, t0: float) -> Matched:
@@ -969,8 +1049,8 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     solves = {"sampling": matched.n_solves if matched is not None else 0,
               "refinement": sum(r.n_solves for r in refined.refinements), "posterior": post.solves}
     stopping = ((run.stopped, run.reason, list(run.iterations)) if run is not None else
-                (False, f"no state measured directly: steps 1-2 skipped, step 3 from {len(refined.starts)} starts "
-                 "spread over the prior box", []))
+                (False, f"no state measured directly or as a * state + c: steps 1-2 skipped, step 3 from "
+                 f"{len(refined.starts)} starts spread over the prior box", []))
     return assemble(full=prepared.full, system=system, obs=prepared.obs, fixed=prepared.fixed,
                     tree=run.tree if run is not None else None,
                     main=post.tree, has_posterior=spec is not None, theta_sampled=refined.theta_sampled,

@@ -78,6 +78,8 @@ def plot_states(result: Fitted, *, figsize_per_state=(4.0, 3.0)):
             style = "--" if est == "truth" else "-"
             ax.plot(traj["time_dense"], traj["h"].sel(estimate=est, observable=o), style, color=_COLORS[str(est)],
                     lw=1.5, label=f"{est} trajectory" if est != "truth" else "ground truth")
+        if gm is not None and gm is not main and (b := _band(gm, o)) is not None:  # its GP in steps 1-2
+            ax.fill_between(b[0], b[1], b[2], color=_COLORS["sampled"], alpha=0.2, label="gradient matching 94 %")
         if (b := _band(main, o)) is not None:
             ax.fill_between(b[0], b[1], b[2], color=_COLORS["posterior"], alpha=0.3, label="posterior 94 %")
         y = traj["y"].sel(observed=o).values

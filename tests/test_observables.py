@@ -6,11 +6,14 @@ compartment C,
     dA/dt = -ka A,    dC/dt = ka A - ke C,
 
 measured as ``y_C = C`` (directly), ``y_total = A + C`` (a sum with the latent state) and
-``y_blot = s * A`` (the latent state up to an unknown scale s). References are independent of
-pgpgm: scipy's solve_ivp and least_squares from 24 starts written here, scipy.stats densities,
-finite differences.
+``y_blot = s * A`` (the latent state up to an unknown scale s: steps 1-2 fit a GP to y_blot and match
+gradients of A = y_blot / s, s sampled with theta). Lotka-Volterra measured only as y = s * x2 is the
+case where step 2 sees the scale only as t2 / s and step 3 pins it from the known x2(0). References are
+independent of pgpgm: scipy's solve_ivp and least_squares from 24 starts written here, scipy.stats
+densities, the gradient-matching density written out by hand, finite differences.
 """
 
+import json
 import warnings
 
 import numpy as np
@@ -22,6 +25,7 @@ from scipy.integrate import solve_ivp
 
 import pgpgm
 from pgpgm.errors import DataError, ModelDefinitionError, PgpgmError
+from pgpgm.matching.target import GradientMatchingTarget
 from pgpgm.observables import Observables
 from pgpgm.posterior.nuts import ValueSpace, build_ode_model
 from pgpgm.refinement import ObservablesProblem, refine
@@ -204,21 +208,195 @@ def test_noise_models_and_fixed_observation_parameters():
     np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
 
 
-def test_without_a_directly_observed_state_step3_starts_from_the_prior_box():
-    # y_C dropped: A and C are seen only through A + C and s * A; no GP, no gradient matching
-    observables = {"y_total": "A + C", "y_blot": "s*A"}
+def test_without_a_matched_observable_step3_starts_from_the_prior_box():
+    # A and C are seen only through A + C and s * A + C, each a function of both states: no GP, no
+    # gradient matching (steps 1-2 refuse them)
+    observables = {"y_total": "A + C", "y_mix": "s*A + C"}
     d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=SD[1:], seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:], posterior="laplace",
                            posterior_draws=100, posterior_chains=1, progressbar=False, seed=0)
-    ref = _reference_optimum(d["y"].values, SD[1:], columns=(1, 2), free_c0=False)
+
+    def res(q):
+        x = _solve(q[0], q[1], X0, TIMES)
+        return ((np.column_stack([x[:, 0] + x[:, 1], q[2] * x[:, 0] + x[:, 1]]) - d["y"].values) / SD[1:]).ravel()
+
+    rng = np.random.default_rng(11)
+    ref = min((optimize.least_squares(res, rng.uniform(0.05, 5.0, 3), bounds=([BOX[0]] * 3, [BOX[1]] * 3),
+                                      method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+               for _ in range(24)), key=lambda r: r.cost)
     est = result.estimates
     np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x, rtol=2e-5)
     np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
     assert est.sizes["start"] == pgpgm.pipeline.BOX_STARTS
     assert "steps 1-2 skipped" in est.attrs["sampling_stop_reason"]
     assert result.gradient_matching is None and result.n_ode_solves["sampling"] == 0
+    why = json.loads(est.attrs["observables_in_steps_1_2"])
+    assert all("a function of the states A, C" in why[n] for n in observables)
+
+
+# ------------------------------------------------------------------ steps 1-2 on a state measured up to a scale
+def test_for_matching_takes_affine_observables_of_one_state_and_says_why_not_the_others():
+    two = pgpgm.ODESystem.from_equations({"x1": "-a*x1", "x2": "a*x1 - k*x2"}, ["a", "k"])
+    spec = Observables.parse({"y1": "s*x2", "y2": "x1/q + b", "y3": "x1 + x2", "y4": "s*x2**2",
+                              "y5": "t*x2", "y6": "2*x2", "y7": "x1"}, two)
+    matched, refused = spec.for_matching()
+    assert list(matched) == ["y1", "y7"]
+    assert (matched["y1"].state, matched["y1"].scale, matched["y1"].offset) == ("x2", Observables.symbol("s"), 0)
+    assert matched["y7"].identity and not matched["y1"].identity
+    assert "has a GP from 'y7' already" in refused["y2"]  # x1 measured directly: that GP is kept
+    offset = Observables.parse({"y2": "x1/q + b"}, two).for_matching()[0]["y2"]
+    assert offset.state == "x1" and offset.parameters == ("b", "q")
+    assert offset.state_value(4.0, {"q": 2.0, "b": 1.0}) == pytest.approx(6.0)  # (4 - 1) * 2
+    assert "a function of the states x1, x2" in refused["y3"]
+    assert "not of the form a * x2 + c" in refused["y4"]
+    assert "changes with t" in refused["y5"]
+    assert "has a GP from 'y1' already" in refused["y6"]
+    # the system of steps 1-2: x1 is measured directly, x2 as y1 = s x2: dy1/dt = s (a x1 - k y1 / s)
+    gm = spec.matching_system(two, [matched["y1"]])
+    assert gm.states == ("x1", "y1") and gm.parameters == ("a", "k", "s")
+    rng = np.random.default_rng(1)
+    x, p = rng.uniform(0.5, 2.0, (6, 2)), np.array([0.7, 0.4, 2.5])
+    expect = np.column_stack([-0.7 * x[:, 0], 2.5 * (0.7 * x[:, 0] - 0.4 * x[:, 1] / 2.5)])
+    np.testing.assert_allclose(gm.rhs_on_grid(np.zeros(6), x, p), expect, rtol=1e-14)
+
+
+LV = pgpgm.ODESystem.from_equations({"x1": "t1*x1 - t2*x1*x2", "x2": "-t3*x2 + t4*x1*x2"},
+                                    ["t1", "t2", "t3", "t4"], name="lv")
+LV_TRUTH = np.array([2.0, 1.0, 4.0, 1.0, 2.0])  # t1..t4, then the scale s
+LV_X0 = np.array([5.0, 3.0])
+LV_TIMES = np.linspace(0.0, 2.0, 20)
+
+
+def _lv_solve(theta, x0, t):
+    t1, t2, t3, t4 = theta
+    sol = solve_ivp(lambda _, x: [t1 * x[0] - t2 * x[0] * x[1], -t3 * x[1] + t4 * x[0] * x[1]], (t[0], t[-1]), x0,
+                    t_eval=t, method="LSODA", rtol=1e-11, atol=1e-12)
+    return sol.y.T
+
+
+def test_matching_density_with_a_scaled_gp_is_the_hand_computed_one():
+    # y = s * x2 + b measured, x1 latent (x1(0) = 5): steps 1-2 fit the GP to y and match gradients of
+    # x2 = (y - b) / s, dx2/dt = (dy/dt) / s; in the GP's units the residual is s f_2(x1, x2) - D (y - mu)
+    spec = Observables.parse({"y": "s*x2 + b"}, LV)
+    matched, _ = spec.for_matching()
+    gm = spec.matching_system(LV, list(matched.values()))
+    assert gm.states == ("x1", "y") and gm.parameters == ("t1", "t2", "t3", "t4", "s", "b")
+    x = _lv_solve(LV_TRUTH[:4], LV_X0, LV_TIMES)
+    y = 2.0 * x[:, 1] + 0.5 + 0.1 * np.random.default_rng(4).standard_normal(LV_TIMES.size)
+    priors = {"s": (0.5, 4.0), "b": (-1.0, 1.0)}
+    density = pgpgm.gradient_matching_density(gm, {"time": LV_TIMES, "y": y}, ["y"], x0={"x1": 5.0}, gamma=0.3,
+                                              priors=priors, solver=pgpgm.CVODE(rtol=1e-11, atol=1e-12))
+    target = GradientMatchingTarget(density)
+    term = density.terms[0]
+    g = density.gp_posterior_means()[:, 0] + 0.05 * np.sin(LV_TIMES)  # the GP's values of y at the grid
+    for q in (np.array([1.9, 0.9, 4.1, 1.05, 2.2, 0.4]), np.array([2.1, 1.3, 3.8, 0.95, 1.4, -0.3])):
+        theta, s, b = q[:4], q[4], q[5]
+        x2 = (g - b) / s  # the state the GP determines
+        x1 = _lv_solve(theta, [LV_X0[0], x2[0]], LV_TIMES)[:, 0]  # the latent state, from x2(0) = (y0 - b) / s
+        f2 = -theta[2] * x2 + theta[3] * x1 * x2
+        mu, Cinv, D, Prec = term.matching.mean, term.matching.C_precision, term.matching.D, term.grad_precision
+        r = s * f2 - D @ (g - mu)
+        expect = (stats.uniform(0, 10).logpdf(theta).sum() + stats.uniform(0.5, 3.5).logpdf(s)
+                  + stats.uniform(-1, 2).logpdf(b) - 0.5 * (g - mu) @ Cinv @ (g - mu)
+                  + stats.norm(g, term.noise_sd).logpdf(y).sum() - 0.5 * r @ Prec @ r)
+        X = np.zeros((LV_TIMES.size, 2))
+        X[:, 1] = g
+        lp, _, lat = target.evaluate(q, X)
+        np.testing.assert_allclose(lat[:, 0], x1, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(lp, expect, rtol=1e-8)
+        np.testing.assert_allclose(target.evaluate_model(q, X)[0], expect, rtol=1e-8)  # the pm.Model's
+
+
+def _lv_reference(y, sd, n_starts=24):
+    """Least squares over (t1..t4, s) of y = s x2 with x(0) known, by scipy from n_starts points."""
+    def res(q):
+        return (q[4] * _lv_solve(q[:4], LV_X0, LV_TIMES)[:, 1] - y) / sd
+
+    rng = np.random.default_rng(11)
+    return min((optimize.least_squares(res, rng.uniform(0.2, 5.0, 5), bounds=([0.0] * 5, [10.0] * 5), method="trf",
+                                       x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+                for _ in range(n_starts)), key=lambda r: r.cost)
+
+
+def test_fit_of_a_state_measured_only_up_to_a_scale_runs_steps_1_2_and_reaches_the_optimum():
+    # Lotka-Volterra, only y = s * x2 measured (x1 latent, both initial values known): step 2 samples s
+    # with theta on the GP of y; its equations see t2 / s only (x2 = y / s), so the chains lie along that
+    # ridge, and step 3 pins s from the known x2(0)
+    observables = {"y": "s*x2"}
+    d = pgpgm.simulate(LV, LV_TRUTH, LV_X0, LV_TIMES, observables=observables, noise_sd=0.1, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(LV, d, observables=observables, noise_sd=0.1, draws=300, tune=300, chains=2,
+                           posterior=None, progressbar=False, seed=0)
+    y = d["y"].values[:, 0]
+    ref = _lv_reference(y, 0.1)
+    est = result.estimates
+    refined = est["theta"].sel(estimate="refined").values
+    np.testing.assert_allclose(refined, ref.x, rtol=2e-5)
+    # the same optimum: scipy's cost at pgpgm's point is the reference's (pgpgm's own cost differs by its
+    # solver's tolerance, 2e-6 here)
+    cost = 0.5 * np.sum(((refined[4] * _lv_solve(refined[:4], LV_X0, LV_TIMES)[:, 1] - y) / 0.1) ** 2)
+    np.testing.assert_allclose(cost, ref.cost, rtol=1e-8)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-5)
+    np.testing.assert_allclose(refined[4], LV_TRUTH[4], rtol=0.05)  # s, pinned by the known x2(0)
+    gm = result.gradient_matching.posterior  # steps 1-2 ran: s sampled with theta, the GP-smoothed y
+    assert {"t1", "t2", "t3", "t4", "s", "y"} <= set(gm.data_vars) and "x2" not in gm.data_vars
+    assert result.n_ode_solves["sampling"] > 0
+    assert "x2 = y/s in gradient matching, ['s'] sampled" in json.loads(est.attrs["observables_in_steps_1_2"])["y"]
+
+
+def test_fit_with_a_scaled_state_and_a_sum_reaches_the_optimum():
+    # the oral model with y_total = A + C and y_blot = s * A (no state measured directly): steps 1-2 run on
+    # the GP of y_blot (A = y_blot / s, C latent), y_total enters at step 3
+    observables = {"y_total": "A + C", "y_blot": "s*A"}
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=SD[1:], seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:], draws=300, tune=300,
+                           chains=2, posterior=None, progressbar=False, seed=0)
+    ref = _reference_optimum(d["y"].values, SD[1:], columns=(1, 2), free_c0=False)
+    est = result.estimates
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x, rtol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    assert "s" in result.gradient_matching.posterior and "y_blot" in result.gradient_matching.posterior
+    why = json.loads(est.attrs["observables_in_steps_1_2"])
+    assert why["y_total"].startswith("refused in steps 1-2") and "a GP on the measurement" in why["y_blot"]
+
+
+def test_scaled_state_with_an_unknown_initial_value_starts_from_the_chains_and_reaches_the_optimum():
+    # y_C = C and y_blot = s * A with A(0) unknown (a prior): step 2 matches A = y_blot / s (s pinned by
+    # dC/dt = ka y_blot / s - ke C); step 3 starts A(0) at y_blot(0) / s from the chains' means and frees it
+    observables = {"y_C": "C", "y_blot": "s*A"}
+    sd = SD[[0, 2]]
+    d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=sd, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pgpgm.fit(SYSTEM, d, observables=observables, x0={"A": (2.0, 20.0)}, priors=BOX, noise_sd=sd,
+                           draws=300, tune=300, chains=2, posterior="laplace", posterior_draws=100,
+                           posterior_chains=1, progressbar=False, seed=0)
+    y = d["y"].values
+
+    def res(q):  # q = (ka, ke, s, A(0), C(0))
+        x = _solve(q[0], q[1], q[3:5], TIMES)
+        return ((np.column_stack([x[:, 1], q[2] * x[:, 0]]) - y) / sd).ravel()
+
+    rng = np.random.default_rng(11)
+    ref = min((optimize.least_squares(res, np.concatenate([rng.uniform(0.05, 5.0, 3), rng.uniform([2.0, -0.5],
+                                                                                                  [20.0, 0.5])]),
+                                      bounds=([BOX[0]] * 3 + [-np.inf] * 2, [BOX[1]] * 3 + [np.inf] * 2),
+                                      method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+               for _ in range(24)), key=lambda r: r.cost)
+    est = result.estimates
+    np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x[:3], rtol=2e-5)
+    np.testing.assert_allclose(est["x0"].values, ref.x[3:], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
+    assert est["x0_unknown"].values.tolist() == [True, False]
+    se = float(est["x0_stderr"].sel(state="A"))
+    assert np.isfinite(se) and 0 < se < 0.1 * ref.x[3]  # determined: s by C's equation, A(0) by s * A(0)
+    gm = result.gradient_matching.posterior
+    assert "s" in gm and "y_blot" in gm and "A_0" not in gm  # A(0) is no part of steps 1-2
 
 
 # ------------------------------------------------------------------ step 4
@@ -283,11 +461,18 @@ def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
         (dict(data={**wide, "C": wide["y_C"]}), "are states"),
         (dict(data={k: v for k, v in wide.items() if k != "y_blot"}), r"observables \['y_blot'\] have no data"),
         (dict(data={**wide, "z": wide["y_C"]}), r"data columns \['z'\]"),
-        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, posterior=None,
-              data={k: v for k, v in wide.items() if k != "y_C"}), "no state is measured directly"),
-        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, priors={"s": lambda name: pm.LogNormal(name, 0.0, 1.0)},
-              x0={"A": 10.0, "C": 0.0},
-              data={k: v for k, v in wide.items() if k != "y_C"}), r"\['s'\] have no box"),
+        (dict(observables={"y_total": "A + C", "y_mix": "s*A + C"}, posterior=None,
+              data={"time": TIMES, "y_total": wide["y_total"], "y_mix": wide["y_blot"]}),
+         "no state is measured directly"),
+        (dict(observables={"y_total": "A + C", "y_mix": "s*A + C"},
+              priors={"s": lambda name: pm.LogNormal(name, 0.0, 1.0)}, x0={"A": 10.0, "C": 0.0},
+              data={"time": TIMES, "y_total": wide["y_total"], "y_mix": wide["y_blot"]}), r"\['s'\] have no box"),
+        (dict(observables={"y_total": "A + C", "y_blot": "s*A"}, x0={"C": 0.0},
+              data={k: v for k, v in wide.items() if k != "y_C"}), r"latent states \['A'\]"),
+        (dict(kernel={"A": "rbf", "C": "rbf"}), r"kernel given for \['A'\]"),
+        (dict(observables={"C_meas": "C", "y_total": "A + C", "y_C": "s*A"},
+              data={"time": TIMES, "C_meas": wide["y_C"], "y_total": wide["y_total"], "y_C": wide["y_blot"]}),
+         r"\['y_C'\] would name two variables"),
         (dict(transform={"C": "log"}), "transform is not available"),
         (dict(x0_observed={"C": 0.0}), "x0_observed is not available"),
         (dict(fixed={"q": 1.0}), r"fixed names \['q'\]"),

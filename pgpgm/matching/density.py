@@ -15,6 +15,12 @@ matrices (:class:`StateTerm`), gamma, priors, initial values and the integrator.
 ``pm.Model`` (:meth:`GradientMatchingDensity.model`) and the fast sampler
 (:mod:`pgpgm.matching`) are both derived from it; the maintained vectors of the
 sampler's O(N) updates are defined here (:meth:`GradientMatchingDensity.statistics`).
+
+A state measured up to a scale and an offset (``fit(observables={"y": "s * P + b"})``) is matched
+through the system whose state is the measurement y in P's place
+(:meth:`pgpgm.observables.Observables.matching_system`): dy/dt = s f_P at P = (y - b) / s, so this
+density, unchanged, has the GP on y, the residual s f_P - D (y - mu) (i.e. P = (y_gp - b) / s,
+dP/dt = (dy_gp/dt) / s, in y's units) and s, b among the sampled parameters.
 """
 
 from __future__ import annotations
