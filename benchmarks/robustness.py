@@ -47,6 +47,7 @@ takes problems the first has not claimed)::
     nice -n 12 python benchmarks/robustness.py reference --cheap-first \
         --references benchmarks/results/robustness_reference_b.jsonl &
     nice -n 10 python benchmarks/robustness.py fits --follow &   # as the references come in
+    python benchmarks/robustness.py sidebyside --where seed=0 --sample 12   # results/robustness_sbs*.md
 
 Grid: 36 problems of the design (4 per system, seeded) and the issue's own case, each fitted with
 3 kernels x 4 fit seeds: 444 fits. The fit rows record the NLL, theta, initial values, steps
