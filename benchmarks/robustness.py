@@ -623,12 +623,23 @@ def time_start(mp: rr.MultiStartProblem, points: np.ndarray, stored: np.ndarray,
             "nll": float(f), "stored_nll": float(stored[i]), "reproduced": same}
 
 
+def same_data(p: ProblemSetting, ref: dict) -> bool:
+    """Whether the problem's data are those its reference was computed on: the same hash (values rounded
+    to 12 decimals), or a likelihood at the reference optimum within 1e-9 relative of the reference's
+    (the simulation moved the values below that rounding: goodwin-003, -012, -021 since the 11:00-12:14
+    merges of 2026-11-26, by ~1e-11 in the NLL)."""
+    if data_hash(p) == ref["data_hash"]:
+        return True
+    nll = reference_problem(p).nll(np.array(ref["q"]))
+    return bool(abs(nll - ref["nll"]) <= 1e-9 * rr.scale_of(ref["nll"], ref["n_obs"]))
+
+
 def side_by_side_problem(p: ProblemSetting, ref: dict, fits: list[FitSetting], n_starts: int,
                          breakdown: Breakdown | None) -> dict:
     """One problem's row: its fits, each followed in this process by its share of a systematic sample
     of ``n_starts`` of the reference multi-start's own starts, rerun and timed."""
-    if data_hash(p) != ref["data_hash"]:
-        raise RuntimeError(f"{p.id}: the data differ from those of the reference (hash)")
+    if not same_data(p, ref):
+        raise RuntimeError(f"{p.id}: the data differ from those of the reference")
     mp = reference_problem(p)
     jac = rr.jacobian_kind(mp)
     points = rr.start_points(mp, ref["n_starts"], p.data_seed)
@@ -657,9 +668,9 @@ def cmd_sidebyside(args) -> None:
     done = {r["problem"] for r in read_jsonl(out)}
     refs = references(Path(args.references))
     todo = [p for p in select(args) if p.id in refs and p.id not in done and select_fits(args, [p])]
-    stale = [p.id for p in todo if data_hash(p) != refs[p.id]["data_hash"]]
+    stale = [p.id for p in todo if not same_data(p, refs[p.id])]
     if stale:  # their reference was computed on other data (the simulation changed since): not comparable
-        print(f"skipped, the data differ from their reference's (hash): {', '.join(stale)}", flush=True)
+        print(f"skipped, the data differ from their reference's: {', '.join(stale)}", flush=True)
         todo = [p for p in todo if p.id not in stale]
     bd = Breakdown() if args.breakdown else None
     if todo and args.warmup:  # one untimed (cheap) fit first: the process's own first-fit costs (imports, caches)
