@@ -333,11 +333,15 @@ def source_tree(ref: str) -> Path:
 #: Every non-public pgpgm name a benchmark uses (module, name): the coordinator's list of what
 #: still needs a public way. :func:`private` refuses anything not listed here.
 PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
-    ("pgpgm.pipeline", None): "posterior.py: the module whose run_nuts it patches for one fit, to capture "
+    ("pgpgm.pipeline", None): "robustness.py sidebyside: the module whose refine it wraps (step 3's refinements "
+                              "counted); posterior.py: the module whose run_nuts it patches for one fit, to capture "
                               "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
                               "the fit's model; posterior_reference.py: "
                               "the same, to read the numbers of the fit's step-4 model (data, prior centres) for "
                               "the independent numpyro model",
+    ("pgpgm.stopping", None): "robustness.py sidebyside: the module whose refine (step 3's) it wraps while a fit "
+                              "runs, to count the stop rule's refinements and their noise-sd rounds (where the "
+                              "fits' time goes)",
     ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",

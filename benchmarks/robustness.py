@@ -15,9 +15,10 @@ likelihood ``estimates.attrs["refinement_nll"]`` is compared with the reference:
 optimum when within 1e-6 relative (see :func:`robustness_reference.same_optimum`), or better
 than the reference (counted as at the optimum and flagged: the reference missed it).
 
-Targets (issue 29): the global optimum in >= 99.5 % of the grid's fits and >= 98 % in every class;
-steps 1-3 faster on the median than the independent multi-start reaching the optimum with 95 %
-probability (``report`` gives both; this replaces the former ``vs_multistart.py``).
+Targets (issue 29): the global optimum in >= 99.5 % of the grid's fits and >= 98 % in every class
+(``report``); steps 1-3 faster on the median than the independent multi-start reaching the optimum
+with 95 % probability (``sidebyside``, both sides timed in one process; ``report``'s ratio divides by
+the reference run's own time per start, measured at another time and load).
 
 Commands (run from the repository root; the fits use whatever ``pgpgm`` is importable)::
 
@@ -29,6 +30,15 @@ Commands (run from the repository root; the fits use whatever ``pgpgm`` is impor
     python benchmarks/robustness.py report [--out FILE]          # robustness.md from the rows
     python benchmarks/robustness.py --only fhn-issue-rbf-s0       # one fit, printed
     python benchmarks/robustness.py baseline --preface FILE     # the misses, for the notes
+    python benchmarks/robustness.py sidebyside --where seed=0   # fits vs the multi-start, one process
+
+``sidebyside`` (the speed target against the multi-start, measured side by side): each problem's
+selected fits, each followed in the same process by its share of a systematic sample (``--sample``,
+20) of the reference multi-start's own starts, rerun exactly as that run did them and timed; the
+cost to 95 % = the starts needed for 95 % success (the stored run's success fraction) x the mean
+time per start measured there. Ratios per problem (CPU and wall) and their median, and where the
+fits' time goes (step 1, the MCMC, the stop rule's refinements, step 3; least-squares Jacobians
+and residuals): ``results/robustness_sbs.jsonl`` (one row per problem, resumable) and ``.md``.
 
 Runs used for the committed results (one process each, ``nice -n 10``; the second reference run
 takes problems the first has not claimed)::
@@ -37,6 +47,7 @@ takes problems the first has not claimed)::
     nice -n 12 python benchmarks/robustness.py reference --cheap-first \
         --references benchmarks/results/robustness_reference_b.jsonl &
     nice -n 10 python benchmarks/robustness.py fits --follow &   # as the references come in
+    python benchmarks/robustness.py sidebyside --where seed=0 --sample 12   # results/robustness_sbs*.md
 
 Grid: 36 problems of the design (4 per system, seeded) and the issue's own case, each fitted with
 3 kernels x 4 fit seeds: 444 fits. The fit rows record the NLL, theta, initial values, steps
@@ -52,8 +63,11 @@ there, so a run can be stopped and resumed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
+import re
 import tempfile
 import time
 import warnings
@@ -257,7 +271,7 @@ def run_fit(fit: FitSetting) -> dict:
     """One default fit; its row (settings, refined NLL and theta, steps 1-3 time)."""
     system, data = make_data(fit.problem)
     kw = fit_kwargs(fit)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     error = ""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -265,9 +279,9 @@ def run_fit(fit: FitSetting) -> dict:
             result = pgpgm.fit(system, data, observed_of(fit.problem), **kw)
         except Exception as err:  # a failed fit is a miss, recorded with its error
             result, error = None, f"{type(err).__name__}: {err}"
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     row = {"id": fit.id, "problem": fit.problem.id, **fit.factors(), "data_seed": fit.problem.data_seed,
-           "pgpgm": str(Path(pgpgm.__file__).parent.parent), "wall": wall, "error": error}
+           "pgpgm": str(Path(pgpgm.__file__).parent.parent), "wall": wall, "cpu": cpu, "error": error}
     if result is not None:
         t = result.timings
         est = result.estimates
@@ -491,6 +505,273 @@ def cmd_baseline(args) -> None:
     print(f"{len(rows)} fits, {len(misses)} misses -> {args.notes}")
 
 
+# ---------------------------------------------------------------------------------------- side by side
+SBS = RESULTS / "robustness_sbs.jsonl"
+SBS_REPORT = RESULTS / "robustness_sbs.md"
+
+
+class Breakdown:
+    """Where a fit's steps 1-3 time goes: wall and CPU seconds inside step 2's stop rule
+    (``pgpgm.RefinedAgreement.decide``: the probe's and the checks' refinements and the box search;
+    per check, with its iteration) and, inside and outside the rule (outside: step 3), in the
+    least-squares Jacobians (``pgpgm.LeastSquaresProblem.jacobian``: forward sensitivities) and
+    residuals (``.residuals``: plain solves), and the refinements (calls of ``refine`` by the stop rule
+    and by step 3: their number, noise-sd rounds, solves; in the rule each as [max_nfev, rounds,
+    solves, wall s]). Patches those functions while active (a few microseconds a call); :meth:`take`
+    returns the figures gathered since the last call."""
+
+    def __init__(self):
+        self._saved: list = []
+        self._in_rule = False
+        self.take()
+
+    def take(self) -> dict:
+        out = getattr(self, "_figures", {})
+        self._figures: dict = {"checks": []}
+        return out
+
+    def _add(self, key: str, w0: float, c0: float) -> None:
+        f = self._figures
+        f[f"{key}_wall"] = f.get(f"{key}_wall", 0.0) + time.perf_counter() - w0
+        f[f"{key}_cpu"] = f.get(f"{key}_cpu", 0.0) + time.process_time() - c0
+        f[f"{key}_n"] = f.get(f"{key}_n", 0) + 1
+
+    def _wrap(self, cls, name: str, key: str) -> None:
+        original = getattr(cls, name)
+        bd = self
+
+        def timed_method(*args, **kwargs):
+            w0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                bd._add(f"{key}_{'rule' if bd._in_rule else 'step3'}", w0, c0)
+
+        self._saved.append((cls, name, original))
+        setattr(cls, name, timed_method)
+
+    def _count_refine(self, module) -> None:
+        original = module.refine
+        bd = self
+
+        def counted_refine(*args, **kwargs):
+            w0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            where = "rule" if bd._in_rule else "step3"
+            found = re.search(r"(?:converged in|after) (\d+) rounds", out.message)
+            rounds = int(found.group(1)) if found else 0
+            f = bd._figures
+            f[f"refines_{where}"] = f.get(f"refines_{where}", 0) + 1
+            f[f"rounds_{where}"] = f.get(f"rounds_{where}", 0) + rounds
+            f[f"solves_{where}"] = f.get(f"solves_{where}", 0) + int(out.n_solves)
+            if bd._in_rule:
+                f.setdefault("rule_refines", []).append([kwargs.get("max_nfev", 200), rounds, int(out.n_solves),
+                                                         round(time.perf_counter() - w0, 4)])
+            return out
+
+        self._saved.append((module, "refine", original))
+        module.refine = counted_refine
+
+    def __enter__(self) -> Breakdown:
+        decide = pgpgm.RefinedAgreement.decide
+        bd = self
+        self._count_refine(harness.private("pgpgm.stopping"))
+        self._count_refine(harness.private("pgpgm.pipeline"))
+
+        def timed_decide(rule, checkpoints, previous):
+            w0, c0 = time.perf_counter(), time.process_time()
+            bd._in_rule = True
+            try:
+                return decide(rule, checkpoints, previous)
+            finally:
+                bd._in_rule = False
+                bd._add("rule", w0, c0)
+                bd._figures["checks"].append([int(checkpoints[0].iteration), round(time.perf_counter() - w0, 4)])
+
+        self._saved.append((pgpgm.RefinedAgreement, "decide", decide))
+        pgpgm.RefinedAgreement.decide = timed_decide
+        self._wrap(pgpgm.LeastSquaresProblem, "jacobian", "jac")
+        self._wrap(pgpgm.LeastSquaresProblem, "residuals", "res")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for cls, name, original in reversed(self._saved):
+            setattr(cls, name, original)
+        self._saved.clear()
+
+
+def sample_indices(n_starts: int, k: int, seed: int) -> list[int]:
+    """A systematic sample of ``k`` of the multi-start's ``n_starts`` starts (every n/k-th from a
+    seeded random offset): early starts (no best yet to give up against) and late ones alike, trf
+    and dogbox alternately."""
+    step = n_starts / k
+    offset = np.random.default_rng(seed).uniform(0, step)
+    return sorted({int(offset + j * step) for j in range(k)})
+
+
+def time_start(mp: rr.MultiStartProblem, points: np.ndarray, stored: np.ndarray, i: int, jac: str) -> dict:
+    """Start ``i`` of the reference multi-start rerun as that run did it (the same point, method and
+    best-so-far of the stored starts before it), timed: wall, CPU, and its NLL against the stored one."""
+    best = float(np.min(stored[:i])) if i else np.inf
+    w0, c0 = time.perf_counter(), time.process_time()
+    f, _ = rr.one_start(mp, points[i], i, best, jac)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    n_obs = int(mp.n_obs.sum())
+    same = bool((not np.isfinite(f) and not np.isfinite(stored[i])) or
+                abs(f - stored[i]) <= rr.REL_TOL * rr.scale_of(stored[i] if np.isfinite(stored[i]) else 0.0, n_obs))
+    return {"index": i, "method": "trf" if i % 2 == 0 else "dogbox", "wall": wall, "cpu": cpu,
+            "nll": float(f), "stored_nll": float(stored[i]), "reproduced": same}
+
+
+def same_data(p: ProblemSetting, ref: dict) -> bool:
+    """Whether the problem's data are those its reference was computed on: the same hash (values rounded
+    to 12 decimals), or a likelihood at the reference optimum within 1e-9 relative of the reference's
+    (the simulation moved the values below that rounding: goodwin-003, -012, -021 since the 11:00-12:14
+    merges of 2026-11-26, by ~1e-11 in the NLL)."""
+    if data_hash(p) == ref["data_hash"]:
+        return True
+    nll = reference_problem(p).nll(np.array(ref["q"]))
+    return bool(abs(nll - ref["nll"]) <= 1e-9 * rr.scale_of(ref["nll"], ref["n_obs"]))
+
+
+def side_by_side_problem(p: ProblemSetting, ref: dict, fits: list[FitSetting], n_starts: int,
+                         breakdown: Breakdown | None) -> dict:
+    """One problem's row: its fits, each followed in this process by its share of a systematic sample
+    of ``n_starts`` of the reference multi-start's own starts, rerun and timed."""
+    if not same_data(p, ref):
+        raise RuntimeError(f"{p.id}: the data differ from those of the reference")
+    mp = reference_problem(p)
+    jac = rr.jacobian_kind(mp)
+    points = rr.start_points(mp, ref["n_starts"], p.data_seed)
+    stored = np.array(ref["nll_starts"], float)
+    chunks = np.array_split(np.array(sample_indices(ref["n_starts"], n_starts, p.data_seed)), len(fits))
+    load0 = os.getloadavg()[0]
+    rr.warm(mp)  # as the reference run: the multi-start's solvers compiled outside its timing
+    fit_rows, starts = [], []
+    for f, chunk in zip(fits, chunks):
+        if breakdown is not None:
+            breakdown.take()
+        row = run_fit(f)
+        if breakdown is not None:
+            row["breakdown"] = breakdown.take()
+        fit_rows.append(row | judge(row, ref))
+        starts += [time_start(mp, points, stored, int(i), jac) for i in chunk]
+    return {"problem": p.id, "algorithm": ref.get("algorithm", 1), "jacobian": jac, "n_reached": ref["n_reached"],
+            "n_starts": ref["n_starts"], "starts_95": ref["starts_95"],
+            "stored_ms_per_start": ref["time_per_start"] * 1e3,
+            "load": [load0, os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "pgpgm": str(Path(pgpgm.__file__).parent.parent), "fits": fit_rows, "starts": starts}
+
+
+def cmd_sidebyside(args) -> None:
+    out = Path(args.sbs)
+    done = {r["problem"] for r in read_jsonl(out)}
+    refs = references(Path(args.references))
+    todo = [p for p in select(args) if p.id in refs and p.id not in done and select_fits(args, [p])]
+    stale = [p.id for p in todo if not same_data(p, refs[p.id])]
+    if stale:  # their reference was computed on other data (the simulation changed since): not comparable
+        print(f"skipped, the data differ from their reference's: {', '.join(stale)}", flush=True)
+        todo = [p for p in todo if p.id not in stale]
+    bd = Breakdown() if args.breakdown else None
+    if todo and args.warmup:  # one untimed (cheap) fit first: the process's own first-fit costs (imports, caches)
+        run_fit(fit_by_id("pk-031-rbf-s0"))
+    with bd if bd is not None else contextlib.nullcontext():
+        for p in todo:
+            row = side_by_side_problem(p, refs[p.id], select_fits(args, [p]), args.starts_sample, bd)
+            append(out, row)
+            s = sbs_summary(row)
+            print(f"{p.id}: fits {s['fits_wall']:.2f} s wall / {s['fits_cpu']:.2f} s CPU (median of "
+                  f"{len(row['fits'])}, {s['at_optimum']} at the optimum); starts {s['start_wall'] * 1e3:.0f} / "
+                  f"{s['start_cpu'] * 1e3:.0f} ms (stored {row['stored_ms_per_start']:.0f}) x {row['starts_95']} "
+                  f"for 95 %: ratio {s['ratio_wall']:.2f} "
+                  f"wall, {s['ratio_cpu']:.2f} CPU; load {row['load'][0]:.1f}-{row['load'][1]:.1f}", flush=True)
+    Path(args.sbs_report).write_text(sbs_report(read_jsonl(out)))
+    print(Path(args.sbs_report).read_text())
+
+
+def sbs_summary(row: dict) -> dict:
+    """A side-by-side row's figures: the fits' medians (steps 1-3 wall; the whole fit call's CPU), the
+    multi-start's mean wall and CPU per start over the sample, its cost to 95 % success (starts needed
+    x mean per start) and the ratios (fits / cost to 95 %; NaN where no start reached the optimum)."""
+    fits = [r for r in row["fits"] if np.isfinite(r.get("steps13", np.nan))]
+    fw = float(np.median([r["steps13"] for r in fits])) if fits else np.nan
+    fc = float(np.median([r["cpu"] for r in fits])) if fits else np.nan
+    sw = float(np.mean([s["wall"] for s in row["starts"]]))
+    sc = float(np.mean([s["cpu"] for s in row["starts"]]))
+    n = len(row["starts"])
+    se = float(np.std([s["cpu"] for s in row["starts"]], ddof=1) / np.sqrt(n) / sc) if n > 1 else np.nan
+    need = row["starts_95"] if row["starts_95"] > 0 else np.nan
+    return {"fits_wall": fw, "fits_cpu": fc, "start_wall": sw, "start_cpu": sc, "cost_wall": need * sw,
+            "cost_cpu": need * sc, "ratio_wall": fw / (need * sw), "ratio_cpu": fc / (need * sc), "start_cpu_se": se,
+            "at_optimum": sum(r.get("verdict") in ("optimum", "better") for r in row["fits"]),
+            "reproduced": sum(s["reproduced"] for s in row["starts"])}
+
+
+def sbs_report(rows: list[dict]) -> str:
+    """robustness_sbs.md: per problem, the fits and the multi-start's starts timed in one process
+    (ratios CPU and wall), their medians over problems, and where the fits' time goes."""
+    sums = {r["problem"]: sbs_summary(r) for r in rows}
+    loads = [v for r in rows for v in r["load"]]
+    nfits = sum(len(r["fits"]) for r in rows)
+    lines = ["# Steps 1-3 against the independent multi-start, side by side", "",
+             f"{len(rows)} problems, {nfits} fits ({sorted({f['kernel'] for r in rows for f in r['fits']})} x seeds "
+             f"{sorted({f['seed'] for r in rows for f in r['fits']})}), {min(r['date'] for r in rows)} to "
+             f"{max(r['date'] for r in rows)}, load average {min(loads):.1f}-{max(loads):.1f}; pgpgm from "
+             f"{sorted({r['pgpgm'] for r in rows})} (`python benchmarks/robustness.py sidebyside`).", "",
+             "Each fit is followed in the same process by its share of a systematic sample of the reference "
+             "multi-start's own starts (`robustness_reference.one_start`: the same Latin-hypercube point, trf or "
+             "dogbox, the same best-so-far of the stored run to give up against), timed. Cost to 95 % = starts needed "
+             "for 95 % success (from the stored 500-start run's success fraction) x the mean time per start measured "
+             "here. Fits: median steps 1-3 wall (`result.timings`) and median CPU of the whole `pgpgm.fit` call "
+             "(`time.process_time`; steps 1-3 plus ~0.1 s of set-up and result assembly). `reproduced`: sampled "
+             "starts whose NLL equals the stored run's (v1 references were made by the first version of the "
+             "multi-start, which spent more time per start).", "",
+             "| problem | ref | fits at opt. | fits wall s | fits CPU s | ms/start wall (stored) | ms/start CPU (± se) | "
+             "reproduced | starts 95 % | cost 95 % wall s | cost 95 % CPU s | ratio wall | ratio CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: sums[r["problem"]]["ratio_cpu"]):
+        s = sums[r["problem"]]
+        lines.append(f"| {r['problem']} | v{r['algorithm']} | {s['at_optimum']}/{len(r['fits'])} | "
+                     f"{s['fits_wall']:.2f} | {s['fits_cpu']:.2f} | "
+                     f"{s['start_wall'] * 1e3:.0f} ({r['stored_ms_per_start']:.0f}) | "
+                     f"{s['start_cpu'] * 1e3:.0f} (± {s['start_cpu_se']:.0%}) | {s['reproduced']}/{len(r['starts'])} | "
+                     f"{r['starts_95']} | "
+                     f"{s['cost_wall']:.2f} | {s['cost_cpu']:.2f} | {s['ratio_wall']:.2f} | {s['ratio_cpu']:.2f} |")
+    rc = np.array([s["ratio_cpu"] for s in sums.values()])
+    rw = np.array([s["ratio_wall"] for s in sums.values()])
+    ok = np.isfinite(rc)
+    lines += ["", f"**Median over problems: ratio CPU {np.median(rc[ok]):.2f}, wall {np.median(rw[ok]):.2f}** "
+              f"(the fits are faster on {int(np.sum(rc[ok] < 1))} of {int(ok.sum())} problems by CPU, "
+              f"{int(np.sum(rw[ok] < 1))} by wall). Fits at the reference optimum: "
+              f"{sum(s['at_optimum'] for s in sums.values())} of {nfits}."]
+    bd_rows = [r for r in rows if all("breakdown" in f for f in r["fits"])]
+    if bd_rows:
+        lines += ["", "## Where the fits' time goes (medians over each problem's fits, wall s)", "",
+                  "gp: step 1; MCMC: step 2 without its stop rule; rule: the stop rule's checks (the probe's and the "
+                  "checks' refinements, the box search), of which `probe`: the check at 50 iterations; step 3: the "
+                  "refinement; LS jac / res: least-squares Jacobians (forward sensitivities) and residuals (plain "
+                  "solves), inside the rule and in step 3 (count per fit in brackets); refines: refinements (their noise-sd "
+                  "rounds in brackets), in the rule and in step 3.", "",
+                  "| problem | ratio CPU | iterations | steps 1-3 | gp | MCMC | rule | probe | step 3 | LS jac rule | "
+                  "LS res rule | LS jac step 3 | LS res step 3 | refines rule | refines step 3 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        med = lambda xs: float(np.median(xs)) if xs else np.nan
+        for r in sorted(bd_rows, key=lambda r: -sums[r["problem"]]["ratio_cpu"]):
+            fs = [f for f in r["fits"] if np.isfinite(f.get("steps13", np.nan))]
+            b = [f["breakdown"] for f in fs]
+            g = lambda key: med([x.get(key, 0.0) for x in b])
+            probe = med([sum(w for it, w in x["checks"] if it < 100) for x in b])
+            its = "/".join(str(max(f["iterations"])) for f in fs)
+            cell = lambda k: f"{g(k + '_wall'):.2f} ({g(k + '_n'):.0f})"
+            steps = [med([f[k] for f in fs]) for k in ("steps13", "gp")]
+            mcmc = med([f["sampling"] - x.get("rule_wall", 0.0) for f, x in zip(fs, b)])
+            cells = [f"{v:.2f}" for v in (*steps, mcmc, g("rule_wall"), probe, med([f["refinement"] for f in fs]))]
+            cells += [cell(k) for k in ("jac_rule", "res_rule", "jac_step3", "res_step3")]
+            cells += [f"{g('refines_' + w):.0f} ({g('rounds_' + w):.0f})" for w in ("rule", "step3")]
+            lines.append(f"| {r['problem']} | {sums[r['problem']]['ratio_cpu']:.2f} | {its} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 FACTORS = ("system", "kernel", "box", "points", "noise_level", "x0", "noise", "seed")
 
 
@@ -559,13 +840,15 @@ def report(rows: list[dict], refs: dict[str, dict]) -> str:
         lines += ["", f"Fits' median steps 1-3 time / multi-start cost for 95 %: median over problems "
                   f"{np.median(ratios):.2f} (the fits are faster on {int(np.sum(np.array(ratios) < 1))} of "
                   f"{len(ratios)} problems). The multi-start's time per start is measured in its own run on the "
-                  "same machine (contention differs between the two runs: compare as an order of magnitude)."]
+                  "same machine (contention differs between the two runs: compare as an order of magnitude; "
+                  "`sidebyside` times both in one process)."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", default="one", choices=("design", "reference", "fits", "report", "one", "baseline"))
+    parser.add_argument("command", nargs="?", default="one", choices=("design", "reference", "fits", "report", "one", "baseline",
+                                                                 "sidebyside"))
     parser.add_argument("--only", nargs="*", help="fit or problem ids")
     parser.add_argument("--where", action="append", help="factor=level, e.g. system=seir (repeatable)")
     parser.add_argument("--limit", type=int, help="first N problems after filtering")
@@ -580,9 +863,16 @@ def main(argv=None) -> None:
     parser.add_argument("--reverse", action="store_true", help="reference: last problem first (a second run)")
     parser.add_argument("--cheap-first", action="store_true", help="reference: cheapest problems first")
     parser.add_argument("--no-reference-needed", action="store_true", help="run fits without a reference yet")
+    parser.add_argument("--sbs", default=str(SBS), help="sidebyside: rows (JSON lines, one per problem; resumable)")
+    parser.add_argument("--sbs-report", default=str(SBS_REPORT), help="sidebyside: the report")
+    parser.add_argument("--sample", dest="starts_sample", type=int, default=20,
+                        help="sidebyside: the reference multi-start's starts rerun per problem")
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                        help="sidebyside: do not time the stop rule and the least squares inside the fits")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="sidebyside: no untimed first fit")
     args = parser.parse_args(argv)
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
-     "one": cmd_one, "baseline": cmd_baseline}[args.command](args)
+     "one": cmd_one, "baseline": cmd_baseline, "sidebyside": cmd_sidebyside}[args.command](args)
 
 
 if __name__ == "__main__":

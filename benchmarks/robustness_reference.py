@@ -249,29 +249,58 @@ def starts_needed(p: float, prob: float = 0.95) -> int:
     return int(np.ceil(np.log(1 - prob) / np.log(1 - p)))
 
 
+def jacobian_kind(problem: MultiStartProblem) -> str:
+    """The Jacobian of the starts' first solve: "2-point" (forward differences) for systems of 5 or
+    more states, whose augmented sensitivity system is 10-60 times the cost of a plain solve;
+    "sensitivities" otherwise."""
+    return "2-point" if problem.system.n_states >= 5 else "sensitivities"
+
+
+def start_points(problem: MultiStartProblem, n_starts: int, seed: int) -> np.ndarray:
+    """(n_starts, Q) the starts: a Latin hypercube (seeded) over :meth:`MultiStartProblem.start_box`."""
+    box = problem.start_box()
+    u = qmc.LatinHypercube(d=len(box), seed=seed).random(n_starts)
+    return box[:, 0] + u * (box[:, 1] - box[:, 0])
+
+
+def one_start(problem: MultiStartProblem, q0, i: int, best: float, jac: str) -> tuple[float, np.ndarray]:
+    """Start ``i`` of the multi-start from ``q0`` (trf for even i, dogbox for odd) when the best NLL of
+    the starts before it is ``best`` (inf for none): (its NLL, its q). A start that ends more than 1e-2
+    relative above ``best`` is given up early (:func:`solve_from`'s ``give_up_above``); with a
+    forward-difference ``jac`` a start that ends within it is finished with the exact Jacobian (as
+    precise as a fit's)."""
+    method = "trf" if i % 2 == 0 else "dogbox"
+    n_obs = int(problem.n_obs.sum())
+    above = best + 1e-2 * scale_of(best if np.isfinite(best) else 0.0, n_obs)
+    f, q = solve_from(problem, q0, method, give_up_above=above, jac=jac)
+    if jac != "sensitivities" and f <= above:
+        f2, q2 = solve_from(problem, q, method, give_up_above=above)
+        if f2 <= f:
+            f, q = f2, q2
+    return (f if np.isfinite(f) else np.inf), q
+
+
+def warm(problem: MultiStartProblem) -> None:
+    """Compile / warm the problem's solvers (a sensitivity solve and a plain one), outside any timing."""
+    q = start_points(problem, 1, 0)[0]
+    problem.jacobian(q, np.ones(len(problem.observed)))
+    problem.nll(q)
+
+
 def multistart(problem: MultiStartProblem, *, n_starts: int = 500, seed: int = 0) -> Reference:
     """The best of ``n_starts`` starts (half trf, half dogbox) from a Latin hypercube, polished.
 
     Systems of 5 or more states run each start with a forward-difference Jacobian first (their
     augmented sensitivity system is 10-60 times the cost of a plain solve) and finish the starts
-    that end within 1e-2 relative of the best so far with the exact one."""
-    jac = "2-point" if problem.system.n_states >= 5 else "sensitivities"
-    box = problem.start_box()
-    u = qmc.LatinHypercube(d=len(box), seed=seed).random(n_starts)
-    starts = box[:, 0] + u * (box[:, 1] - box[:, 0])
+    that end within 1e-2 relative of the best so far with the exact one (:func:`one_start`)."""
+    jac = jacobian_kind(problem)
+    starts = start_points(problem, n_starts, seed)
     problem.jacobian(starts[0], np.ones(len(problem.observed)))  # compile / warm the solvers outside the timing
     nlls, qs, t0 = [], [], time.perf_counter()
     n_obs = int(problem.n_obs.sum())
     for i, q0 in enumerate(starts):
-        method = "trf" if i % 2 == 0 else "dogbox"
-        best = min(nlls, default=np.inf)
-        above = best + 1e-2 * scale_of(best if np.isfinite(best) else 0.0, n_obs)
-        f, q = solve_from(problem, q0, method, give_up_above=above, jac=jac)
-        if jac != "sensitivities" and f <= above:  # near the best so far: finish with the exact Jacobian (as precise as a fit's)
-            f2, q2 = solve_from(problem, q, method, give_up_above=above)
-            if f2 <= f:
-                f, q = f2, q2
-        nlls.append(f if np.isfinite(f) else np.inf)
+        f, q = one_start(problem, q0, i, min(nlls, default=np.inf), jac)
+        nlls.append(f)
         qs.append(q)
     per_start = (time.perf_counter() - t0) / n_starts
     nlls = np.array(nlls)

@@ -92,6 +92,32 @@ def test_the_reference_nll_is_the_fits_likelihood(fit_id):
     assert problem.nll(q) == pytest.approx(row["nll"], rel=1e-9, abs=1e-9)
 
 
+def test_the_side_by_side_reruns_the_references_own_starts():
+    """``robustness.py sidebyside`` times the reference multi-start's own starts beside the fits: a
+    start rerun with the stored run's best-so-far ends at the NLL that run recorded for it, the cost to
+    95 % is the stored starts needed x the mean time measured here, and the breakdown of the fit's time
+    adds up (the stop rule within step 2, its least squares within it) and leaves pgpgm unpatched."""
+    problem, ref = rb.problem_by_id("fhn-010"), _references()["fhn-010"]
+    methods = (pgpgm.RefinedAgreement.decide, pgpgm.LeastSquaresProblem.jacobian, pgpgm.LeastSquaresProblem.residuals)
+    with rb.Breakdown() as bd:
+        row = rb.side_by_side_problem(problem, ref, [rb.fit_by_id("fhn-010-sigmoid-s0")], 4, bd)
+    assert (pgpgm.RefinedAgreement.decide, pgpgm.LeastSquaresProblem.jacobian,
+            pgpgm.LeastSquaresProblem.residuals) == methods
+    assert pgpgm.stopping.refine is pgpgm.refine and pgpgm.pipeline.refine is pgpgm.refine
+    assert [s["index"] for s in row["starts"]] == rb.sample_indices(500, 4, problem.data_seed)
+    assert all(s["reproduced"] for s in row["starts"]), row["starts"]
+    assert [s["stored_nll"] for s in row["starts"]] == [ref["nll_starts"][s["index"]] for s in row["starts"]]
+    fit = row["fits"][0]
+    assert fit["verdict"] in ("optimum", "better") and fit["cpu"] > 0
+    b = fit["breakdown"]
+    assert b["checks"] and 0 < b["rule_wall"] <= fit["sampling"]
+    assert b["jac_rule_n"] >= 1 and b["jac_step3_n"] >= 1 and b["jac_rule_wall"] + b["res_rule_wall"] <= b["rule_wall"]
+    assert b["refines_rule"] >= 2 and b["refines_step3"] >= 1 and len(b["rule_refines"]) == b["refines_rule"]
+    summary = rb.sbs_summary(row)
+    assert summary["cost_cpu"] == pytest.approx(ref["starts_95"] * np.mean([s["cpu"] for s in row["starts"]]))
+    assert summary["ratio_wall"] == pytest.approx(fit["steps13"] / summary["cost_wall"])
+
+
 def _repressilator(x, th):
     m1, m2, m3, p1, p2, p3 = x.T
     alpha, alpha0, beta = th
