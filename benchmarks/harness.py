@@ -337,7 +337,8 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
                               "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
                               "the fit's model; posterior_reference.py: "
                               "the same, to read the numbers of the fit's step-4 model (data, prior centres) for "
-                              "the independent numpyro model",
+                              "the independent numpyro model; runaways.py: its refine_step wrapped for one fit, so "
+                              "that step 4 starts from issue 29's wrong optimum (refined on the fit's own problem)",
     ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
