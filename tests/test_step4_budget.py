@@ -286,3 +286,22 @@ def test_chains_in_waves_share_the_budget():
     assert spent["exhausted"] == "gradient evaluations" and 8000 <= spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
     steps = tree.sample_stats["n_steps"].sum("draw").values  # each chain's leapfrog steps after tuning
     assert steps.min() > 0.5 * steps.max()  # the second wave's chains as long as the first's
+
+
+def test_a_budget_spent_just_after_tuning_keeps_the_latter_tuning_draws_too():
+    """A gradient budget that runs out a few draws after tuning (counted from an unbudgeted run of the
+    same seed: the draws are the same up to the stop) keeps the latter half of the tuning iterations
+    with those draws, not a handful of draws that no diagnostic can judge."""
+    model, layout, center, sd = _decay_model()
+    kw = dict(draws=300, tune=200, chains=1, cores=1, seed=4, progressbar=False, max_rounds=1)
+    free = sample_posterior(model, center, sd, warn=False, **kw)
+    per_draw = free.sample_stats["n_steps"].values[0]
+    spent_tuning = json.loads(free.attrs["pgpgm_round_gradient_evaluations"])  # after tuning only
+    used = json.loads(free.attrs["pgpgm_budget"])["used_gradient_evaluations"]
+    tuning = used - spent_tuning[0]  # the leapfrog steps of the 200 tuning iterations
+    budget = tuning + int(per_draw[:3].sum())  # spent on the 3rd draw after tuning
+    with pytest.warns(ConvergenceWarning, match="while tuning"):
+        tree = sample_posterior(model, center, sd, budget=PosteriorBudget(None, budget), **kw)
+    assert tree.attrs["pgpgm_tuning_draws"] == 1
+    assert tree.posterior.sizes["draw"] == 100 + 3  # the latter 100 tuning iterations, then the 3 draws
+    np.testing.assert_array_equal(tree.posterior["k"].values[0, -3:], free.posterior["k"].values[0, :3])

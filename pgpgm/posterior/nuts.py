@@ -519,6 +519,7 @@ class BudgetMeter:
         self.shares: tuple[int, float, float] | None = None  # parts, seconds, gradients at a round's start
         self.wave: int | None = None  # the wave running now (None: the shares are by chain)
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
+        self.stops = 0  # how many times the callback stopped sampling
 
     def begin_round(self, chains: int, sequential: bool) -> None:
         """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
@@ -564,10 +565,12 @@ class BudgetMeter:
         if isinstance(stats, Mapping):
             self.gradients += int(stats.get("tree_size", 0) or 0)
         if self.check():
+            self.stops += 1
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
         spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
         if spent:
             self.cut = self.cut or spent
+            self.stops += 1
             raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
 
     def record(self) -> dict:
@@ -785,25 +788,33 @@ def _budgeted_sample(meter: BudgetMeter, **kwargs):
     if limited and 1 < cores < chains:
         return _sample_in_waves(meter, **kwargs)
     meter.begin_round(chains, sequential=cores == 1)
+    stops = meter.stops
     tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
     meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
-    return _kept_draws(tree)
+    return _kept_draws(tree, stopped=meter.stops > stops)
 
 
-def _kept_draws(tree):
+def _kept_draws(tree, stopped: bool = True):
     """The draws of a :func:`pymc.sample` tree made with the tuning iterations kept: its draws after
     tuning, or, when it stopped while tuning, the latter half of its tuning iterations
-    (``attrs["pgpgm_tuning_draws"] = 1``)."""
+    (``attrs["pgpgm_tuning_draws"] = 1``) - and also when it stopped just after tuning, with fewer
+    draws than that half: then that half and the draws (Lotka-Volterra x2 observed, large noise, seed
+    3: a 60 s budget stopped 1 draw after 500 tuning iterations, leaving 1 draw per chain and no
+    diagnostics). ``stopped``: whether the budget stopped it (else its draws are kept however few)."""
     import xarray as xr
 
-    has_draws = "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 0
+    n_post = tree.posterior.sizes.get("draw", 0) if "posterior" in tree.children else 0
+    n_tune = tree["warmup_posterior"].sizes.get("draw", 0) if "warmup_posterior" in tree.children else 0
     out = xr.DataTree()
-    if has_draws:
+    if n_post >= n_tune - n_tune // 2 or (n_post and not stopped):
         out["posterior"], out["sample_stats"] = tree["posterior"], tree["sample_stats"]
-    else:  # stopped while tuning: the latter half of the tuning iterations, the best there is
-        n = tree["warmup_posterior"].sizes["draw"]
+    else:  # stopped while or just after tuning: the latter half of the tuning iterations (and the draws)
         for group in ("posterior", "sample_stats"):
-            part = tree[f"warmup_{group}"].to_dataset().isel(draw=slice(n // 2, None))
+            parts = [tree[f"warmup_{group}"].to_dataset().isel(draw=slice(n_tune // 2, None))]
+            if n_post:
+                parts.append(tree[group].to_dataset())
+            part = xr.concat(parts, dim="draw", data_vars="all", coords="minimal", compat="override", join="outer",
+                             combine_attrs="override") if len(parts) > 1 else parts[0]
             out[group] = xr.DataTree(part.assign_coords(draw=np.arange(part.sizes["draw"])))
         out.attrs["pgpgm_tuning_draws"] = 1
     for name, child in tree.children.items():
@@ -846,7 +857,9 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
         meter.wave = w
         args = {**kwargs, "chains": len(idx), "cores": len(idx), "random_seed": chain_seeds(seed, idx[0]),
                 "initvals": None if initvals is None else [initvals[i] for i in idx]}
-        parts.append(_kept_draws(sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **args)))
+        stops = meter.stops
+        tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **args)
+        parts.append(_kept_draws(tree, stopped=meter.stops > stops))
     meter.wave = None
     meter.exhausted = meter.exhausted or meter.cut
     if len(parts) == 1:
