@@ -243,3 +243,65 @@ def test_chains_in_one_process_share_the_budget():
     assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
+
+
+def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):
+    """Four chains on two processes with a budget run as two waves of two chains, one pymc.sample call
+    each, every chain with its own random stream and start: the same draws as the four chains sampled
+    in one call (here one process, cores=1), when the budget does not bind."""
+    import pgpgm.posterior.nuts as nuts
+
+    model, layout, center, sd = _decay_model()
+    kw = dict(draws=60, tune=60, chains=4, seed=3, progressbar=False, warn=False, max_rounds=1,
+              budget=PosteriorBudget(None, 10**7))
+    calls = []
+    real = nuts.sample_in_processes
+
+    def counted(sample, **kwargs):
+        calls.append((kwargs["chains"], kwargs["cores"]))
+        return real(sample, **kwargs)
+
+    monkeypatch.setattr(nuts, "sample_in_processes", counted)
+    waves = sample_posterior(model, center, sd, cores=2, **kw)
+    assert calls == [(2, 2), (2, 2)]
+    one = sample_posterior(model, center, sd, cores=1, **kw)
+    assert calls[2:] == [(4, 1)]
+    assert waves.posterior.sizes["chain"] == 4 and list(waves.posterior.chain.values) == [0, 1, 2, 3]
+    for v in ("k", "x_0"):
+        np.testing.assert_array_equal(waves.posterior[v].values, one.posterior[v].values)
+    np.testing.assert_array_equal(waves.sample_stats["n_steps"].values, one.sample_stats["n_steps"].values)
+    assert np.all(np.ptp(waves.posterior["k"].values, axis=1) > 0)  # every chain moved
+
+
+def test_chains_in_waves_share_the_budget():
+    """A gradient budget that binds, four chains on two processes: each wave of two chains gets half of
+    it, so every chain is drawn, all at one length (PyMC's own scheduling of four chains on two
+    processes starts chains 2 and 3 only when 0 and 1 end, which this budget stops first)."""
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=4000, tune=100, chains=4, cores=2, seed=1,
+                                progressbar=False, budget=PosteriorBudget(None, 8000), max_rounds=1)
+    assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "gradient evaluations" and 8000 <= spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
+    steps = tree.sample_stats["n_steps"].sum("draw").values  # each chain's leapfrog steps after tuning
+    assert steps.min() > 0.5 * steps.max()  # the second wave's chains as long as the first's
+
+
+def test_a_budget_spent_just_after_tuning_keeps_the_latter_tuning_draws_too():
+    """A gradient budget that runs out a few draws after tuning (counted from an unbudgeted run of the
+    same seed: the draws are the same up to the stop) keeps the latter half of the tuning iterations
+    with those draws, not a handful of draws that no diagnostic can judge."""
+    model, layout, center, sd = _decay_model()
+    kw = dict(draws=300, tune=200, chains=1, cores=1, seed=4, progressbar=False, max_rounds=1)
+    free = sample_posterior(model, center, sd, warn=False, **kw)
+    per_draw = free.sample_stats["n_steps"].values[0]
+    spent_tuning = json.loads(free.attrs["pgpgm_round_gradient_evaluations"])  # after tuning only
+    used = json.loads(free.attrs["pgpgm_budget"])["used_gradient_evaluations"]
+    tuning = used - spent_tuning[0]  # the leapfrog steps of the 200 tuning iterations
+    budget = tuning + int(per_draw[:3].sum())  # spent on the 3rd draw after tuning
+    with pytest.warns(ConvergenceWarning, match="while tuning"):
+        tree = sample_posterior(model, center, sd, budget=PosteriorBudget(None, budget), **kw)
+    assert tree.attrs["pgpgm_tuning_draws"] == 1
+    assert tree.posterior.sizes["draw"] == 100 + 3  # the latter 100 tuning iterations, then the 3 draws
+    np.testing.assert_array_equal(tree.posterior["k"].values[0, -3:], free.posterior["k"].values[0, :3])

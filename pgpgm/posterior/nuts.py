@@ -507,24 +507,37 @@ class BudgetMeter:
     Chains that PyMC runs one after the other (one process) would leave the last chains undrawn; for
     them, :meth:`begin_round` gives every chain an equal share of what is left, and a chain that has
     used its share (and any time its predecessors left) ends, as PyMC ends the current chain only
-    on ``KeyboardInterrupt`` there, and the next one starts."""
+    on ``KeyboardInterrupt`` there, and the next one starts. Chains run in waves (fewer processes
+    than chains, :func:`_sample_in_waves`: one :func:`pymc.sample` call per wave) share it alike, a
+    wave at a time (:meth:`begin_waves`, ``wave``): the callback's ``KeyboardInterrupt`` ends the
+    current wave's call."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
         self.start = time.perf_counter()
         self.gradients = 0
         self.exhausted = ""  # what ran out: "" (nothing), "seconds", "gradient evaluations"
-        self.shares: tuple[int, float, float] | None = None  # chains, seconds, gradients at a round's start
-        self.cut = ""  # what a sequential chain's share ran out of (the round was cut short)
+        self.shares: tuple[int, float, float] | None = None  # parts, seconds, gradients at a round's start
+        self.wave: int | None = None  # the wave running now (None: the shares are by chain)
+        self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
+        self.stops = 0  # how many times the callback stopped sampling
 
     def begin_round(self, chains: int, sequential: bool) -> None:
         """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
         self.shares = (chains, self.elapsed(), self.gradients) if sequential and chains > 1 else None
+        self.wave = None
+
+    def begin_waves(self, waves: int) -> None:
+        """Before a round of ``waves`` :func:`pymc.sample` calls: share the budget left among them, wave
+        ``self.wave`` (set before each call) ending once (wave + 1) / waves of it is spent."""
+        self.shares = (waves, self.elapsed(), self.gradients) if waves > 1 else None
+        self.wave = 0
 
     def _share_spent(self, chain: int) -> str:
-        """What ``chain`` (of a sequential round) has used its share of ("" when nothing): chain c ends
-        once (c + 1) / chains of what was left at the round's start is spent."""
+        """What ``chain`` of a sequential round (or the current wave) has used its share of ("" when
+        nothing): part c ends once (c + 1) / parts of what was left at the round's start is spent."""
         chains, t0, g0 = self.shares
+        chain = chain if self.wave is None else self.wave
         part = (min(chain, chains - 1) + 1) / chains
         s, g = self.budget.seconds, self.budget.gradient_evaluations
         return ("seconds" if s is not None and self.elapsed() >= t0 + part * (s - t0) else
@@ -553,10 +566,12 @@ class BudgetMeter:
         if isinstance(stats, Mapping):
             self.gradients += int(stats.get("tree_size", 0) or 0)
         if self.check():
+            self.stops += 1
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
         spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
         if spent:
             self.cut = self.cut or spent
+            self.stops += 1
             raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
 
     def record(self) -> dict:
@@ -620,7 +635,9 @@ def run_nuts(
     draws, tune, chains : per chain; cores : parallel processes (default min(chains, CPUs); with a
         time budget, ``chains``: every chain runs at once - the same draws, as the draws do not depend
         on the number of processes - so that a budget that stops them leaves every chain at the same
-        length instead of the first CPUs' worth of chains done and the others not begun)
+        length instead of the first CPUs' worth of chains done and the others not begun). Fewer
+        processes than chains with a budget: the chains run in waves of ``cores``, each wave an equal
+        share of the budget (what one leaves goes to the next), the same draws as in one call
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
         :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`: every chain a thread of this process,
@@ -777,26 +794,99 @@ def run_nuts(
 def _budgeted_sample(meter: BudgetMeter, **kwargs):
     """:func:`pymc.sample` with ``meter`` as its callback; the tuning iterations are kept in the
     sampler and dropped here, so that a run the budget stopped while tuning still returns draws (the
-    latter half of its tuning iterations, ``attrs["pgpgm_tuning_draws"] = 1``)."""
-    import xarray as xr
-
-    meter.begin_round(kwargs["chains"], sequential=kwargs["cores"] == 1)
+    latter half of its tuning iterations, ``attrs["pgpgm_tuning_draws"] = 1``). With a budget and
+    fewer processes than chains (``1 < cores < chains``), the chains run in waves of ``cores``
+    (:func:`_sample_in_waves`), each wave a share of the budget."""
+    chains, cores = int(kwargs["chains"]), int(kwargs["cores"])
+    limited = meter.budget.seconds is not None or meter.budget.gradient_evaluations is not None
+    if limited and 1 < cores < chains:
+        return _sample_in_waves(meter, **kwargs)
+    meter.begin_round(chains, sequential=cores == 1)
+    stops = meter.stops
     tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
     meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
-    has_draws = "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 0
+    return _kept_draws(tree, stopped=meter.stops > stops)
+
+
+def _kept_draws(tree, stopped: bool = True):
+    """The draws of a :func:`pymc.sample` tree made with the tuning iterations kept: its draws after
+    tuning, or, when it stopped while tuning, the latter half of its tuning iterations
+    (``attrs["pgpgm_tuning_draws"] = 1``) - and also when it stopped just after tuning, with fewer
+    draws than that half: then that half and the draws (Lotka-Volterra x2 observed, large noise, seed
+    3: a 60 s budget stopped 1 draw after 500 tuning iterations, leaving 1 draw per chain and no
+    diagnostics). ``stopped``: whether the budget stopped it (else its draws are kept however few)."""
+    import xarray as xr
+
+    n_post = tree.posterior.sizes.get("draw", 0) if "posterior" in tree.children else 0
+    n_tune = tree["warmup_posterior"].sizes.get("draw", 0) if "warmup_posterior" in tree.children else 0
     out = xr.DataTree()
-    if has_draws:
+    if n_post >= n_tune - n_tune // 2 or (n_post and not stopped):
         out["posterior"], out["sample_stats"] = tree["posterior"], tree["sample_stats"]
-    else:  # stopped while tuning: the latter half of the tuning iterations, the best there is
-        n = tree["warmup_posterior"].sizes["draw"]
+    else:  # stopped while or just after tuning: the latter half of the tuning iterations (and the draws)
         for group in ("posterior", "sample_stats"):
-            part = tree[f"warmup_{group}"].to_dataset().isel(draw=slice(n // 2, None))
+            parts = [tree[f"warmup_{group}"].to_dataset().isel(draw=slice(n_tune // 2, None))]
+            if n_post:
+                parts.append(tree[group].to_dataset())
+            part = xr.concat(parts, dim="draw", data_vars="all", coords="minimal", compat="override", join="outer",
+                             combine_attrs="override") if len(parts) > 1 else parts[0]
             out[group] = xr.DataTree(part.assign_coords(draw=np.arange(part.sizes["draw"])))
         out.attrs["pgpgm_tuning_draws"] = 1
     for name, child in tree.children.items():
         if not name.startswith("warmup_") and name not in out.children:
             out[name] = child
     out.attrs = {**tree.attrs, **out.attrs}
+    return out
+
+
+def chain_seeds(seed: int | None, first: int):
+    """The ``random_seed`` of :func:`pymc.sample` that gives its chains 0, 1, ... the random streams
+    that ``pymc.sample(random_seed=seed)`` gives its chains ``first``, ``first + 1``, ... (PyMC spawns
+    one child of ``numpy.random.SeedSequence(seed)`` per chain: a sequence that has spawned ``first``
+    children already spawns those next), so that chains sampled in waves draw as in one call."""
+    if seed is None or first == 0:
+        return seed
+    return np.random.default_rng(np.random.SeedSequence(int(seed), n_children_spawned=int(first)))
+
+
+def _sample_in_waves(meter: BudgetMeter, **kwargs):
+    """:func:`_budgeted_sample` of ``chains`` chains on ``cores`` < ``chains`` processes: one
+    :func:`pymc.sample` call per wave of ``cores`` chains (the last may be smaller), each started with
+    its chains' own starting points and random streams (:func:`chain_seeds`: the draws are those of
+    one call), each ending once its share of the budget is spent (:meth:`BudgetMeter.begin_waves`).
+    PyMC's own scheduling of more chains than processes in one call starts a chain when another
+    ends, so that a budget stop there leaves the last chains undrawn.
+
+    Returns the waves' draws joined along ``chain`` (renumbered 0, 1, ...), every chain cut to the
+    shortest; a wave stopped while tuning is left out when another wave has draws after tuning."""
+    import xarray as xr
+
+    chains, cores, seed = int(kwargs["chains"]), int(kwargs["cores"]), kwargs.get("random_seed")
+    initvals = kwargs.get("initvals")
+    waves = [list(range(i, min(i + cores, chains))) for i in range(0, chains, cores)]
+    meter.begin_waves(len(waves))
+    parts = []
+    for w, idx in enumerate(waves):
+        if meter.check():
+            break
+        meter.wave = w
+        args = {**kwargs, "chains": len(idx), "cores": len(idx), "random_seed": chain_seeds(seed, idx[0]),
+                "initvals": None if initvals is None else [initvals[i] for i in idx]}
+        stops = meter.stops
+        tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **args)
+        parts.append(_kept_draws(tree, stopped=meter.stops > stops))
+    meter.wave = None
+    meter.exhausted = meter.exhausted or meter.cut
+    if len(parts) == 1:
+        return parts[0]
+    sampled = [p for p in parts if not p.attrs.get("pgpgm_tuning_draws")]
+    keep = sampled or parts
+    n = min(p.posterior.sizes["draw"] for p in keep)
+    out = keep[0].copy()
+    for group in ("posterior", "sample_stats"):
+        joined = xr.concat([p[group].to_dataset().isel(draw=slice(0, n)) for p in keep], dim="chain",
+                           data_vars="all", coords="minimal", compat="override", join="outer",
+                           combine_attrs="override")
+        out[group] = xr.DataTree(joined.assign_coords(chain=np.arange(joined.sizes["chain"])))
     return out
 
 
