@@ -338,8 +338,8 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
                               "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
                               "the fit's model; posterior_reference.py: "
                               "the same, to read the numbers of the fit's step-4 model (data, prior centres) for "
-                               "the independent numpyro model; runaways.py: its refine_step wrapped for one fit, so "
-                               "that step 4 starts from issue 29's wrong optimum (refined on the fit's own problem)",
+                              "the independent numpyro model; runaways.py: its refine_step wrapped for one fit, so "
+                              "that step 4 starts from issue 29's wrong optimum (refined on the fit's own problem)",
     ("pgpgm.stopping", None): "robustness.py sidebyside: the module whose refine (step 3's) it wraps while a fit "
                               "runs, to count the stop rule's refinements and their noise-sd rounds (where the "
                               "fits' time goes)",
