@@ -35,7 +35,7 @@ CHECK_EVERY = 5.0
 
 def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
                   target_accept: float, max_treedepth: int, max_draws: int, spent: Callable[[int], bool],
-                  converged: Callable[[xr.DataTree], bool]) -> tuple[xr.DataTree, bool]:
+                  converged: Callable[[xr.DataTree], bool]) -> xr.DataTree:
     """Sample ``model`` with nutpie from ``start`` until ``converged`` or ``spent``.
 
     Parameters
@@ -51,37 +51,35 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
 
     Returns
     -------
-    (tree, stopped) : the draws (``posterior`` (chain, draw), ``sample_stats``), and whether the budget
-    (``spent``) ended the run before it drew ``max_draws`` or passed ``converged``.
+    DataTree : the draws (``posterior`` (chain, draw), ``sample_stats``); whether the budget ended the
+    run is what ``spent`` last said (its caller's meter keeps it).
     """
     import nutpie  # an optional dependency (pip install pgpgm[nutpie])
 
     compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
+    n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
     steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
 
     def progress(chain_progress) -> None:
         steps[0] = int(sum(p.total_num_steps for p in chain_progress))
-        drawn[0] = max(min(int(p.finished_draws) for p in chain_progress) - max(int(tune), 1), 0)
+        drawn[0] = max(min(int(p.finished_draws) for p in chain_progress) - n_tune, 0)
 
-    run = nutpie.sample(compiled, draws=int(max_draws), tune=max(int(tune), 1), chains=chains, cores=chains,
+    run = nutpie.sample(compiled, draws=int(max_draws), tune=n_tune, chains=chains, cores=chains,
                         seed=seed, save_warmup=False, progress_bar=False, blocking=False, progress_callback=progress,
                         progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth)
-    stopped, passed = False, False
     next_draws, next_time = int(draws), np.inf  # the next check: at these draws, or at this time
     while not _finished(run):
         time.sleep(POLL)
         if spent(steps[0]):
-            stopped = True
             break
         if drawn[0] >= draws and (drawn[0] >= next_draws or time.perf_counter() >= next_time):
             so_far = equal_chains(run.inspect())
             if so_far.posterior.sizes["draw"] >= draws and converged(so_far):
-                passed = True
                 break
             next_draws, next_time = int(drawn[0] * GROWTH) + 1, time.perf_counter() + CHECK_EVERY
-    tree = run.abort() if (stopped or passed) and not _finished(run) else run.wait()
+    tree = run.wait() if _finished(run) else run.abort()
     spent(steps[0])
-    return equal_chains(tree), stopped
+    return equal_chains(tree)
 
 
 def _finished(run) -> bool:

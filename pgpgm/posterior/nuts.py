@@ -730,9 +730,9 @@ def run_nuts(
             diag = diagnose(so_far, names)
             return not problems(diag.assign_attrs(divergences=0)) or bool(find_modes(so_far, names))
 
-        tree, _ = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
-                                target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
-                                max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged)
+        tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
+                             target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
+                             max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged)
         n = int(tree.posterior.sizes["draw"])
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn)
     if starts is None:
