@@ -97,7 +97,9 @@ def independent_processes(a, out: Path) -> tuple[float, float, float]:
     t = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", code, str(k), str(a.workers), str(a.n), str(a.draws), str(a.tune),
                                a.posterior, str(out)], stdout=subprocess.PIPE,
-                              env={**os.environ, **_ONE_THREAD, "PYTHONPATH": str(harness.HERE)})
+                              env={**os.environ, **_ONE_THREAD,
+                                   "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.HERE),
+                                                                               os.environ.get("PYTHONPATH")]))})
              for k in range(a.workers)]
     outputs = [p.communicate()[0] for p in procs]
     wall = time.perf_counter() - t
