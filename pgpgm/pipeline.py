@@ -273,7 +273,7 @@ def fit(
     :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; with ``"nutpie"`` one run that ends
     when R-hat and ESS pass (up to ``posterior_draws * 2 ** (posterior_rounds - 1)`` draws per chain);
     all rounds within ``posterior_budget``:
-    a :class:`pgpgm.PosteriorBudget`, default 60 s and 300000 gradient evaluations, a number of
+    a :class:`pgpgm.PosteriorBudget`, default 60 s and 1000000 gradient evaluations, a number of
     seconds, or None for no limit; once it is spent the fit returns the draws it has with a
     ConvergenceWarning saying so; chains that sit in separate modes are named, each with the optimum
     its mean refines to, instead of pooled), ``"laplace"`` (draws from the Gaussian
@@ -985,7 +985,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
                                         solver=solver, dense_times=dense.times, x0_priors=x0_priors,
-                                        log_scale=log_scale_names(prior, ref.theta, ref.stderr),
+                                        log_scale=log_scale_names(prior),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),
                                         **({"observables": prepared.observables} if prepared.observables else {}))
         initial = tuple(s for s in (*prepared.direct, *refined.unknown) if s not in (prepared.x0_observed or {}))

@@ -272,8 +272,12 @@ def test_log_scale_names_and_bad_log_scale():
 
     pri = Priors.from_user(["a", "b", "c", "d"], {"a": (0.0, 10.0), "b": (0.0, 10.0), "c": (1.0, 10.0),
                                                   "d": (0.0, 2.0)})
-    # a: 2 + 6 * 0.5 = 5 < 10 -> log; b: 4 + 6 * 1.1 > 10; c: lower bound not 0; d: undetermined (inf)
-    assert log_scale_names(pri, [2.0, 4.0, 3.0, 0.3], [0.5, 1.1, 0.1, np.inf]) == ("a",)
+    # every Uniform(0, upper) parameter; c's lower bound is not 0 (no log scale there)
+    assert log_scale_names(pri) == ("a", "b", "d")
+    import pymc as pm
+
+    normal = Priors.from_user(["a", "b"], {"a": (0.0, 10.0), "b": lambda name: pm.Normal(name, 1.0, 1.0)})
+    assert log_scale_names(normal) == ("a",)  # a callable prior keeps its own transform
     obs = _decay_data(0.8, 2.0, seed=3)
     with pytest.raises(DataError, match="log_scale"):
         build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.1, 5.0)}, noise_sd=[SD], log_scale=["k"])
