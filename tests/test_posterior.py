@@ -283,6 +283,32 @@ def test_log_scale_names_and_bad_log_scale():
         build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.1, 5.0)}, noise_sd=[SD], log_scale=["k"])
 
 
+def test_a_last_draw_rounded_onto_the_bound_still_continues():
+    """A chain far out on the soft wall comes back from the log scale as exactly its upper bound
+    (theta = 10.0 in Uniform(0, 10) on Lotka-Volterra x2 with large noise, seed 4); starting the next
+    round there was "Bad initial energy" and a failed fit. The next round's start moves inside the
+    box by a negligible step; a draw inside it is kept as it is."""
+    import xarray as xr
+
+    from pgpgm.posterior.nuts import ValueSpace, continuing_starts, pooled_covariance
+
+    obs = _decay_data(0.98, 2.0, seed=3)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 1.0)}, noise_sd=[SD], log_scale=["k"])
+    space = ValueSpace(model)
+    x0 = float(obs.values[0, 0])
+    post = xr.Dataset({"k": (("chain", "draw"), [[0.95, 0.97, 1.0], [0.9, 0.99, 0.96]]),
+                       "x_0": (("chain", "draw"), [[x0, x0, x0], [x0, x0, x0 + 0.01]])})
+    assert not np.isfinite(space.logp({"k": 1.0, "x_0": x0}))  # the bound itself: log(0) on the log scale
+    first, second = continuing_starts(space, post)
+    assert 1.0 - 1e-8 < float(first["k"]) < 1.0 and float(first["x_0"]) == x0
+    assert np.isfinite(space.logp(first))
+    assert float(second["k"]) == 0.96 and float(second["x_0"]) == x0 + 0.01  # inside: unchanged
+    C = pooled_covariance(space, post)  # the draw on the bound is left out of the next round's mass matrix
+    inside = np.array([[np.log(k) - np.log1p(-k ** 8) / 8, x] for k, x in
+                       zip([0.95, 0.97, 0.9, 0.99, 0.96], [x0, x0, x0, x0, x0 + 0.01])])
+    assert np.allclose(C, 5 / 10 * np.cov(inside.T) + 1e-3 * 5 / 10 * np.eye(2))
+
+
 def test_pooled_covariance_is_the_covariance_of_the_transformed_draws():
     import xarray as xr
 

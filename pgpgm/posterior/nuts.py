@@ -399,6 +399,30 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     return starts
 
 
+def continuing_starts(space: ValueSpace, post) -> list[dict[str, np.ndarray]]:
+    """Each chain's last draw in ``post`` (chain, draw), as the start of the next round.
+
+    A draw whose transformed value is not finite - a parameter far out on the log scale's soft wall
+    comes back from it as exactly its upper bound in floating point (Lotka-Volterra x2 with large
+    noise, seed 4: theta3 = 10.0 in Uniform(0, 10)), where PyMC's start is log(0): "Bad initial
+    energy" and a failed fit - moves 1e-9 of the way towards the chain's mean, inside the box; the
+    chain's per-variable median draw is the last resort."""
+    names = [rv.name for rv in space.rvs]
+    value_names = {rv.name: space.model.rvs_to_values[rv].name for rv in space.rvs}
+    starts = []
+    for c in range(post.sizes["chain"]):
+        last = {n: np.asarray(post[n].values[c, -1], float) for n in names}
+        if not np.isfinite(space.logp(last)):
+            mean = {n: np.asarray(np.mean(post[n].values[c]), float) for n in names}
+            moved = space.point(last)
+            last = {n: last[n] if np.all(np.isfinite(moved[value_names[n]]))
+                    else last[n] + 1e-9 * (mean[n] - last[n]) for n in names}
+            if not np.isfinite(space.logp(last)):
+                last = {n: np.asarray(np.median(post[n].values[c]), float) for n in names}
+        starts.append(last)
+    return starts
+
+
 def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
                      covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0,
                      adapt: bool = True):
@@ -772,8 +796,7 @@ def run_nuts(
         n_draws = int(min(n_draws, affordable - n_tune))
         reasons.append(found)
         post = tree.posterior
-        starts = [{rv.name: np.asarray(post[rv.name].values[c, -1], float) for rv in space.rvs}
-                  for c in range(post.sizes["chain"])]
+        starts = continuing_starts(space, post)
         target_accept = max(target_accept, min(1.0 - (1.0 - target_accept) / 2, TARGET_ACCEPT_MAX))
         step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
                        target_accept=target_accept, max_treedepth=MAX_TREEDEPTH)
@@ -1005,13 +1028,16 @@ def extend_chains(tree, more):
 def pooled_covariance(space: ValueSpace, posterior, max_points: int = 2000) -> np.ndarray:
     """(K, K) covariance of the draws of every chain in ``posterior`` in PyMC's transformed
     (value) space, in the order of ``space.model.value_vars``, shrunk towards 1e-3 I as
-    Stan does (n / (n + 5) C + 1e-3 5 / (n + 5) I) so that it stays positive definite."""
+    Stan does (n / (n + 5) C + 1e-3 5 / (n + 5) I) so that it stays positive definite. Draws whose
+    transformed value is not finite (a parameter on the log scale's soft wall that came back as
+    exactly its bound, see :func:`continuing_starts`) are left out."""
     names = [space.model.values_to_rvs[v].name for v in space.model.value_vars]
     vals = {n: np.asarray(posterior[n].values, float).reshape(-1) for n in names}
     n_all = vals[names[0]].size
     keep = np.unique(np.linspace(0, n_all - 1, min(n_all, max_points)).astype(int))
     U = np.array([[float(pt_[v.name]) for v in space.model.value_vars]
                   for pt_ in (space.point({n: vals[n][i] for n in names}) for i in keep)])
+    U = U[np.all(np.isfinite(U), axis=1)]
     n = U.shape[0]
     return n / (n + 5.0) * np.atleast_2d(np.cov(U.T)) + 1e-3 * 5.0 / (n + 5.0) * np.eye(U.shape[1])
 
