@@ -283,6 +283,24 @@ def test_log_scale_names_and_bad_log_scale():
         build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.1, 5.0)}, noise_sd=[SD], log_scale=["k"])
 
 
+def test_chains_around_a_centre_on_the_bound_start_inside_the_box():
+    """A refined point on the upper bound (theta3 = 10 in Uniform(0, 10): Lotka-Volterra x2 with large
+    noise, seed 4) has no finite log density on the log scale: it was the last-resort start of a chain
+    whose draws all fell outside the box, and the fit ended with "Bad initial energy". Draws outside the
+    box are mirrored inside: every start has a finite density and lies below the bound."""
+    from pgpgm.posterior.nuts import ValueSpace, dispersed_starts
+
+    obs = _decay_data(0.98, 2.0, seed=3)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 1.0)}, noise_sd=[SD], log_scale=["k"])
+    space = ValueSpace(model)
+    x0 = float(obs.values[0, 0])
+    starts = dispersed_starts(space, {"k": 1.0, "x_0": x0}, {"k": 0.05, "x_0": SD}, 200, np.random.default_rng(0))
+    k = np.array([float(p["k"]) for p in starts])
+    assert all(np.isfinite(space.logp(p)) for p in starts)
+    assert k.max() < 1.0 and 0.02 < np.mean(1.0 - k) < 0.06  # |Normal(0, 0.05)|: mean 0.04
+    assert np.std([float(p["x_0"]) for p in starts]) > 0.5 * SD  # the other coordinate keeps its spread
+
+
 def test_a_last_draw_rounded_onto_the_bound_still_continues():
     """A chain far out on the soft wall comes back from the log scale as exactly its upper bound
     (theta = 10.0 in Uniform(0, 10) on Lotka-Volterra x2 with large noise, seed 4); starting the next

@@ -384,13 +384,21 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
                      rng: np.random.Generator, scale: float = 1.0) -> list[dict[str, np.ndarray]]:
     """``chains`` starting points around ``center`` (a value per free variable), each
     coordinate drawn from Normal(center, scale * sd) and kept where the model's log density
-    is finite (redrawn with half the spread otherwise; the centre itself as a last resort)."""
+    is finite (redrawn with half the spread otherwise; the centre itself as a last resort). A
+    coordinate drawn outside its prior's support (a centre on a bound of the box: half its draws) is
+    mirrored about the centre, so that a centre on the bound - where the log density itself is not
+    finite - is not the start of a chain ("Bad initial energy")."""
     names = [rv.name for rv in space.rvs]
+    value_names = {rv.name: space.model.rvs_to_values[rv].name for rv in space.rvs}
     starts = []
     for _ in range(chains):
         point, s = dict(center), scale
         for _attempt in range(8):
-            cand = {n: float(center[n]) + s * float(sd.get(n, 0.0)) * rng.standard_normal() for n in names}
+            dev = {n: s * float(sd.get(n, 0.0)) * rng.standard_normal() for n in names}
+            cand = {n: float(center[n]) + dev[n] for n in names}
+            moved = space.point(cand)
+            cand = {n: cand[n] if np.all(np.isfinite(moved[value_names[n]])) else float(center[n]) - dev[n]
+                    for n in names}
             if np.isfinite(space.logp(cand)):
                 point = cand
                 break
