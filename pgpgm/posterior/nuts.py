@@ -379,6 +379,13 @@ class ValueSpace:
     def logp(self, values: Mapping[str, float]) -> float:
         return float(self._logp(self.point(values)))
 
+    def off_support(self, values: Mapping[str, float]) -> frozenset[str]:
+        """The names of the free variables whose constrained value in ``values`` has no finite
+        transformed value: outside its prior's support, or on a bound the transform sends to infinity."""
+        moved = self.point(values)
+        return frozenset(rv.name for rv in self.rvs
+                         if not np.all(np.isfinite(moved[self.model.rvs_to_values[rv].name])))
+
 
 def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float], chains: int,
                      rng: np.random.Generator, scale: float = 1.0) -> list[dict[str, np.ndarray]]:
@@ -389,16 +396,13 @@ def dispersed_starts(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     mirrored about the centre, so that a centre on the bound - where the log density itself is not
     finite - is not the start of a chain ("Bad initial energy")."""
     names = [rv.name for rv in space.rvs]
-    value_names = {rv.name: space.model.rvs_to_values[rv].name for rv in space.rvs}
     starts = []
     for _ in range(chains):
         point, s = dict(center), scale
         for _attempt in range(8):
             dev = {n: s * float(sd.get(n, 0.0)) * rng.standard_normal() for n in names}
-            cand = {n: float(center[n]) + dev[n] for n in names}
-            moved = space.point(cand)
-            cand = {n: cand[n] if np.all(np.isfinite(moved[value_names[n]])) else float(center[n]) - dev[n]
-                    for n in names}
+            off = space.off_support({n: float(center[n]) + dev[n] for n in names})
+            cand = {n: float(center[n]) + (-dev[n] if n in off else dev[n]) for n in names}
             if np.isfinite(space.logp(cand)):
                 point = cand
                 break
@@ -416,15 +420,13 @@ def continuing_starts(space: ValueSpace, post) -> list[dict[str, np.ndarray]]:
     energy" and a failed fit - moves 1e-9 of the way towards the chain's mean, inside the box; the
     chain's per-variable median draw is the last resort."""
     names = [rv.name for rv in space.rvs]
-    value_names = {rv.name: space.model.rvs_to_values[rv].name for rv in space.rvs}
     starts = []
     for c in range(post.sizes["chain"]):
         last = {n: np.asarray(post[n].values[c, -1], float) for n in names}
         if not np.isfinite(space.logp(last)):
-            mean = {n: np.asarray(np.mean(post[n].values[c]), float) for n in names}
-            moved = space.point(last)
-            last = {n: last[n] if np.all(np.isfinite(moved[value_names[n]]))
-                    else last[n] + 1e-9 * (mean[n] - last[n]) for n in names}
+            off = space.off_support(last)
+            last = {n: last[n] + 1e-9 * (np.mean(post[n].values[c]) - last[n]) if n in off else last[n]
+                    for n in names}
             if not np.isfinite(space.logp(last)):
                 last = {n: np.asarray(np.median(post[n].values[c]), float) for n in names}
         starts.append(last)
