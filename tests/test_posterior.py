@@ -473,69 +473,118 @@ def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
     assert next_round_draws(2500, 790.0, 500, extends=True) == 500  # a few more draws: at least ``draws``
 
 
-@pytest.mark.parametrize("diverge", [False, True])
-def test_later_rounds_extend_the_chains_and_are_judged_together(monkeypatch, diverge):
-    """Rounds 2, 3, ... continue each chain from its last draw and the result holds all their
-    draws, round by round (round 1 is warm-up and dropped); round 3 is sized from rounds 2's ESS
-    per draw (extends=True) and its mass matrix is the pooled covariance of the draws kept. The
-    checks are forced to fail twice so that three rounds run; every pm.sample call is recorded.
-    With a divergence marked in round 2 (``diverge``), round 3's draws replace round 2's."""
-    import json
-
+def _recording_rounds(monkeypatch, mark=None, rhat1=None, mixing=None, forced=2):
+    """Patch pgpgm.posterior.nuts so that every pm.sample call is recorded (``calls``: its arguments and
+    tree), the checks fail ``forced`` times (``checks``: the diagnostics judged), every pooled covariance
+    is seen (``seen``); ``mark`` (call number, chain, draw) marks a divergence in a call's tree, ``rhat1``
+    replaces the first round's R-hat, ``mixing`` (a list of bools) forces the answers of mixing_problems."""
     import pgpgm.posterior.nuts as post_mod
-    from pgpgm.posterior.nuts import ValueSpace, next_round_draws, pooled_covariance
 
-    obs = _decay_data(0.8, 2.0, seed=3)
-    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
-    calls, checks, seen = [], [], []
-    real_sample, real_problems, real_full = post_mod.pm.sample, post_mod.problems, post_mod.QuadPotentialFull
+    calls, checks, seen, asked = [], [], [], []
+    real_sample, real_problems, real_mixing = post_mod.pm.sample, post_mod.problems, post_mod.mixing_problems
+    real_full, real_diagnose = post_mod.QuadPotentialFull, post_mod.diagnose
 
     def sample(*args, **kwargs):
         calls.append(dict(kwargs, tree=real_sample(*args, **kwargs)))
-        if diverge and len(calls) == 2:
-            calls[-1]["tree"]["sample_stats"]["diverging"].values[1, 7] = True
+        if mark is not None and len(calls) == mark[0]:
+            calls[-1]["tree"]["sample_stats"]["diverging"].values[mark[1], mark[2]] = True
         return calls[-1]["tree"]
+
+    def diagnose(tree, names):
+        d = real_diagnose(tree, names)
+        return d.assign(rhat=d["rhat"] * 0 + rhat1) if rhat1 is not None and len(calls) == 1 else d
 
     def problems(diag):
         checks.append(diag)
-        return real_problems(diag) or (["forced"] if len(checks) <= 2 else [])
+        return real_problems(diag) or (["forced"] if len(checks) <= forced else [])
+
+    def mixing_problems(diag):
+        asked.append(diag)
+        if mixing is not None:
+            return ["forced"] if mixing[len(asked) - 1] else []
+        return real_mixing(diag) or (["forced"] if len(asked) <= forced else [])
 
     def full(cov, *a, **k):
         seen.append(np.array(cov))
         return real_full(cov, *a, **k)
 
+    for name, fn in (("diagnose", diagnose), ("problems", problems), ("mixing_problems", mixing_problems),
+                     ("QuadPotentialFull", full)):
+        monkeypatch.setattr(post_mod, name, fn)
     monkeypatch.setattr(post_mod.pm, "sample", sample)
-    monkeypatch.setattr(post_mod, "problems", problems)
-    monkeypatch.setattr(post_mod, "QuadPotentialFull", full)
+    return calls, checks, seen
+
+
+def _decay_rounds(max_rounds: int):
+    obs = _decay_data(0.8, 2.0, seed=3)
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": 0.05}, draws=200, tune=200,
-                                chains=4, cores=1, seed=1, max_rounds=5, progressbar=False)
-    assert len(calls) == 3 and tree.attrs["pgpgm_rounds"] == 3 and len(checks) == 3
+                                chains=4, cores=1, seed=1, max_rounds=max_rounds, progressbar=False)
+    return tree, model, layout
+
+
+@pytest.mark.parametrize("case", ["mixing", "diverge", "unmixed"])
+def test_further_rounds_extend_the_chains_and_are_judged_together(monkeypatch, case):
+    """Rounds run because R-hat or ESS failed continue each chain from its last draw and the result
+    holds the draws of every round, the first one's included (``mixing``); round 3 is sized from the
+    ESS per draw of the draws kept (extends=True) and its mass matrix is their pooled covariance. The
+    checks are forced to fail twice so that three rounds run. A divergence in round 2 (``diverge``) is
+    carried too (more draws cannot remove it; the result counts it). A first round whose chains have
+    not met (``unmixed``: R-hat 1.2 > RHAT_CARRY) is dropped as warm-up."""
+    import json
+
+    import xarray as xr
+
+    from pgpgm.posterior.diagnostics import mixing_problems
+    from pgpgm.posterior.nuts import RHAT_CARRY, ValueSpace, next_round_draws, pooled_covariance
+
+    assert RHAT_CARRY == 1.05
+    calls, checks, seen = _recording_rounds(monkeypatch, mark=(2, 1, 7) if case == "diverge" else None,
+                                            rhat1=1.2 if case == "unmixed" else None)
+    tree, model, layout = _decay_rounds(3)
+    assert len(calls) == 3 and tree.attrs["pgpgm_rounds"] == 3 and len(checks) == 2
     r1, r2, r3 = (c["tree"] for c in calls)
     n2, n3 = calls[1]["draws"], calls[2]["draws"]
     assert json.loads(tree.attrs["pgpgm_round_draws"]) == [200, n2, n3]
-    assert json.loads(tree.attrs["pgpgm_kept_rounds"]) == ([3] if diverge else [2, 3])
-    assert n2 == next_round_draws(200, _min_ess(checks[0]), 200)
-    assert n3 == next_round_draws(n2, _min_ess(checks[1]), 200, extends=not diverge)
-    np.testing.assert_array_equal(diagnose(r2, layout.free)["ess_bulk"], checks[1]["ess_bulk"])  # round 2 judged
-    kept = [r3] if diverge else [r2, r3]
+    kept = [r2, r3] if case == "unmixed" else [r1, r2, r3]
+    assert json.loads(tree.attrs["pgpgm_kept_rounds"]) == ([2, 3] if case == "unmixed" else [1, 2, 3])
+    assert n2 == next_round_draws(200, _min_ess(checks[0]), 200, extends=case != "unmixed")
+    assert n3 == next_round_draws(200 * (case != "unmixed") + n2, _min_ess(checks[1]), 200, extends=True)
     for name in ("k", "x_0"):
         got = tree.posterior[name].values
         np.testing.assert_array_equal(got, np.concatenate([r.posterior[name].values for r in kept], 1))
         for c in range(4):  # each round starts every chain where the round before left it
             assert calls[1]["initvals"][c][name] == r1.posterior[name].values[c, -1]
             assert calls[2]["initvals"][c][name] == r2.posterior[name].values[c, -1]
-    n_kept = n3 + (0 if diverge else n2)
+    n_kept = sum(r.posterior.sizes["draw"] for r in kept)
     np.testing.assert_array_equal(tree.posterior["draw"].values, np.arange(n_kept))
     assert tree.sample_stats["diverging"].shape == (4, n_kept)
-    assert int(tree.sample_stats["diverging"].sum()) == sum(int(r.sample_stats["diverging"].sum()) for r in kept)
+    assert int(tree.sample_stats["diverging"].sum()) == (1 if case == "diverge" else 0)
     assert json.loads(tree.attrs["pgpgm_round_gradient_evaluations"]) == [int(r.sample_stats["n_steps"].sum())
                                                                           for r in (r1, r2, r3)]
     space = ValueSpace(model)
+    before3 = xr.concat([r.posterior for r in kept[:-1]], dim="draw")  # the draws kept when round 3 began
     np.testing.assert_allclose(seen[0], pooled_covariance(space, r1.posterior), rtol=1e-12)
-    np.testing.assert_allclose(seen[1], pooled_covariance(space, r2.posterior), rtol=1e-12)
-    assert not real_problems(diagnose(tree, layout.free))  # and the kept draws are a converged posterior
+    np.testing.assert_allclose(seen[1], pooled_covariance(space, before3), rtol=1e-12)
+    assert not mixing_problems(diagnose(tree, layout.free))  # and the kept draws mix
+
+
+@pytest.mark.parametrize("passes", [False, True])
+def test_a_round_for_divergences_alone_replaces_the_draws_only_when_it_passes(monkeypatch, passes):
+    """Round 1 passes R-hat and ESS but holds a divergence: round 2 draws afresh (a raised target) and
+    is kept only when it passes R-hat and ESS too; when it does not, round 1's draws are the result."""
+    import json
+
+    calls, _, _ = _recording_rounds(monkeypatch, mark=(1, 0, 3), mixing=[False, not passes], forced=0)
+    tree, _, _ = _decay_rounds(2)
+    assert len(calls) == 2 and tree.attrs["pgpgm_rounds"] == 2
+    assert calls[1]["step"].target_accept == pytest.approx(0.95)
+    kept = calls[1]["tree"] if passes else calls[0]["tree"]
+    assert json.loads(tree.attrs["pgpgm_kept_rounds"]) == ([2] if passes else [1])
+    np.testing.assert_array_equal(tree.posterior["k"].values, kept.posterior["k"].values)
+    assert int(tree.sample_stats["diverging"].sum()) == int(kept.sample_stats["diverging"].sum())
 
 
 def _min_ess(diag) -> float:

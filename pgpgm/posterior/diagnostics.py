@@ -44,6 +44,15 @@ def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:
 
 def problems(diag: xr.Dataset) -> list[str]:
     """Plain-language findings: variables with R-hat > 1.01 or ESS < 400, and divergences."""
+    out = mixing_problems(diag)
+    if diag.attrs.get("divergences", 0):
+        out.append(f"{diag.attrs['divergences']} divergent transitions")
+    return out
+
+
+def mixing_problems(diag: xr.Dataset) -> list[str]:
+    """The findings of :func:`problems` that more draws can resolve: R-hat > 1.01, ESS < 400 (not
+    divergences)."""
     out = []
     rhat = diag["rhat"].to_series()
     ess = np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)
@@ -53,8 +62,6 @@ def problems(diag: xr.Dataset) -> list[str]:
     low = [f"{n} ({e:.0f})" for n, e in zip(diag["variable"].values, ess) if not e >= ESS_MIN]
     if low:
         out.append("ESS < 400 for " + ", ".join(low))
-    if diag.attrs.get("divergences", 0):
-        out.append(f"{diag.attrs['divergences']} divergent transitions")
     return out
 
 
