@@ -636,8 +636,8 @@ MIN_ROUND_DRAWS = 100
 #: at most this. Measured on 16 published fits (the 15 that missed R-hat or ESS in 60 s, and FHN V seed 4;
 #: 2026-11-26, step-4 inputs captured from the default fit, side by side): carrying the first round's
 #: draws and those of rounds with divergences (formerly both dropped: each such round started the count
-#: again) passed 9 of 16 against 3 of 16 (PT S,R latent seed 2: round 1 ESS 300, round 2 alone 133 draws; LV x2 seed 2: R-hat
-#: 1.054 -> 1.003)
+#: again) passed 9 of 16 against 3 of 16 (PT S,R latent seed 2: round 1 ESS 300, round 2 alone 133
+#: draws; LV x2 seed 2: R-hat 1.054 -> 1.003)
 RHAT_CARRY = 1.05
 
 
