@@ -9,7 +9,7 @@ import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
-from pgpgm.posterior.nutpie_engine import equal_chains
+from pgpgm.posterior.nutpie_engine import WHITE, equal_chains, whitened_model
 
 pytest.importorskip("nutpie")
 
@@ -79,3 +79,30 @@ def test_equal_chains_cuts_every_chain_to_the_shortest():
     out = equal_chains(tree)
     np.testing.assert_array_equal(out.posterior["k"].values, [[1.0, 2.0], [5.0, 6.0]])
     assert out.sample_stats.sizes["draw"] == 2 and out["observed_data"].sizes["t"] == 3
+
+
+def test_the_whitened_model_is_the_model_in_whitened_coordinates():
+    """nutpie samples z with u = mean + L z: the whitened model's log density at z equals the model's at u
+    (up to the constant log |L|, the same at every z), and its deterministics are the model's free variables
+    (constrained) and deterministics at u, by name."""
+    import pytensor
+
+    model, _, _ = _decay_model()
+    mean, cov = np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])
+    white, keep = whitened_model(model, mean, cov)
+    assert set(keep) == {rv.name for rv in model.free_RVs} | {d.name for d in model.deterministics}
+    chol = np.linalg.cholesky(cov)
+    logp, logp_white = model.compile_logp(), white.compile_logp()
+    outputs = pytensor.function(model.value_vars, model.replace_rvs_by_values([model[n] for n in keep]),
+                                on_unused_input="ignore")
+    outputs_white = pytensor.function(white.value_vars, white.replace_rvs_by_values([white[n] for n in keep]))
+    names = [v.name for v in model.value_vars]
+    gaps = []
+    for z in np.random.default_rng(0).normal(size=(5, 2)):
+        u = mean + chol @ z
+        point = dict(zip(names, u))
+        gaps.append(float(logp_white({WHITE: z})) - float(logp(point)))
+        for a, b in zip(outputs(*u), outputs_white(z)):
+            np.testing.assert_allclose(b, a, rtol=1e-12)
+    np.testing.assert_allclose(gaps, 0.0, atol=1e-9)
+    assert [v.name for v in white.free_RVs] == [WHITE] and white[WHITE].owner.op.name == "flat"

@@ -13,6 +13,14 @@ asked for up to ``max_draws`` draws per chain and watched from here:
   ``converged`` (R-hat, ESS and divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they
   pass, the run ends there.
 
+With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
+:func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
+model's value variables): :func:`whitened_model`. nutpie's own metric is diagonal (adapted from the
+draws' and the gradients' spread); on the correlated, ridge-shaped posteriors of ODE parameters it
+needs long trajectories in the original coordinates, and in the whitened ones the diagonal is all that
+is left to adapt (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085,
+ESS 316 from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
+
 The draws returned are those every chain has (a chain the abort caught ahead of the others is cut
 to the shortest), tuning excluded; ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``.
 """
@@ -25,6 +33,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import xarray as xr
 
+#: the name of the whitened model's one free variable (see :func:`whitened_model`)
+WHITE = "pgpgm_z"
+
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1
 #: the draws so far are checked once every chain has ``draws``, then whenever the slowest chain has
@@ -35,7 +46,8 @@ CHECK_EVERY = 5.0
 
 def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
                   target_accept: float, max_treedepth: int, max_draws: int, spent: Callable[[int], bool],
-                  converged: Callable[[xr.DataTree], bool]) -> xr.DataTree:
+                  converged: Callable[[xr.DataTree], bool],
+                  whiten: tuple[np.ndarray, np.ndarray] | None = None) -> xr.DataTree:
     """Sample ``model`` with nutpie from ``start`` until ``converged`` or ``spent``.
 
     Parameters
@@ -48,6 +60,9 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     max_draws : most draws per chain (>= ``draws``)
     spent : called with the leapfrog steps so far (all chains, tuning included); True ends the run
     converged : called with the draws so far (a DataTree like the result); True ends the run
+    whiten : ``(mean (d,), covariance (d, d))`` of the model's d scalar value variables (``model.value_vars``
+        order) to sample in whitened coordinates (:func:`whitened_model`; chains start at ``mean``
+        jittered by U(-1, 1) in each whitened coordinate), or None (``start``, nutpie's own jitter)
 
     Returns
     -------
@@ -56,7 +71,12 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     """
     import nutpie  # an optional dependency (pip install pgpgm[nutpie])
 
-    compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
+    if whiten is None:
+        compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
+    else:
+        white, keep = whitened_model(model, *whiten)
+        compiled = nutpie.compile_pymc_model(white, initial_points={WHITE: np.zeros(len(whiten[0]))}, backend="numba",
+                                             jitter_rvs={white[WHITE]}, var_names=keep)
     n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
     steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
 
@@ -80,6 +100,36 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     tree = run.wait() if _finished(run) else run.abort()
     spent(steps[0])
     return equal_chains(tree)
+
+
+def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
+    """``model``'s log density in whitened coordinates: a ``pm.Model`` with one free variable
+    :data:`WHITE` = z (d,) of flat prior and the potential log p(u), u = mean + L z (L the lower
+    Cholesky factor of ``covariance``; the Jacobian of the linear map is a constant, left out), and as
+    deterministics every free variable of ``model`` (constrained) and every deterministic of ``model``,
+    by their names and dims - what a draw of ``model`` holds. Returns the model and those names.
+
+    ``model``'s value variables must all be scalars (d of them, ``model.value_vars`` order)."""
+    import pymc as pm
+    import pytensor.tensor as pt
+    from pytensor.graph.replace import graph_replace
+
+    values = list(model.value_vars)
+    if any(v.ndim for v in values) or len(values) != len(mean):
+        raise ValueError(f"whitening needs {len(mean)} scalar value variables, the model has "
+                         f"{[(v.name, v.ndim) for v in values]}")
+    chol = np.linalg.cholesky(np.asarray(covariance, float))
+    outputs = [*model.free_RVs, *model.deterministics]
+    graphs = model.replace_rvs_by_values([model.logp(), *outputs])
+    with pm.Model(coords=model.coords) as white:
+        z = pm.Flat(WHITE, shape=len(values))
+        u = pt.as_tensor(np.asarray(mean, float)) + pt.as_tensor(chol) @ z
+        swap = {v: u[i] for i, v in enumerate(values)}
+        pm.Potential("pgpgm_log_density", graph_replace(graphs[0], swap, strict=False))
+        for var, graph in zip(outputs, graphs[1:]):
+            pm.Deterministic(var.name, graph_replace(graph, swap, strict=False),
+                             dims=model.named_vars_to_dims.get(var.name))
+    return white, [var.name for var in outputs]
 
 
 def _finished(run) -> bool:

@@ -434,21 +434,16 @@ def continuing_starts(space: ValueSpace, post) -> list[dict[str, np.ndarray]]:
     return starts
 
 
-def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
-                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0,
-                     adapt: bool = True):
-    """A mass-matrix adaptation for NUTS seeded with the refinement's uncertainty, carried to
-    PyMC's transformed space by central differences of the transforms - or, with ``adapt=False``,
-    that seed as a fixed mass matrix (``QuadPotentialFull`` / ``QuadPotentialDiag``: NUTS's tuning
-    then adapts the step size only).
-
-    With ``covariance`` = (names, (K, K) matrix) finite, the seed is a dense matrix (PyMC's
-    full adaptation): weakly identified, correlated parameters (a banana-shaped posterior) then
-    need short trajectories from the first draw. Otherwise, or where the matrix is not finite,
-    a diagonal one from ``sd`` (variables without an sd, or whose transform has no finite
-    derivative at ``center``, e.g. a refined value on a bound of its box, start at variance 1; their
-    adaptation's mean starts at a point just inside the box).
-    """
+def seed_metric(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
+                covariance: tuple[Sequence[str], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The refinement's uncertainty carried to PyMC's transformed space by central differences of
+    the transforms: ``(mean, matrix, dense)``, mean (d,) the transformed ``center`` of the model's d value
+    variables (in ``model.value_vars`` order) and matrix (d, d) their covariance - dense when
+    ``covariance`` = (names, (K, K) matrix) is finite (a banana-shaped posterior of correlated
+    parameters then needs short trajectories from the first draw; ``dense`` True), else diagonal from ``sd``.
+    Variables without an sd, or whose transform has no finite derivative at ``center`` (e.g. a refined
+    value on a bound of its box), get variance 1 and, when their transformed centre is infinite, a mean
+    just inside the box."""
     at = space.point(center)
     names, mean, du = [], [], []
     for v in space.model.value_vars:
@@ -466,21 +461,37 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
     var = np.array([(d * float(sd[n])) ** 2 if np.isfinite(sd.get(n, np.nan)) and sd.get(n, 0) > 0 else 1.0
                     for n, d in zip(names, du)])
     var = np.where(np.isfinite(var), np.maximum(var, 1e-10), 1.0)  # a centre on a bound: no derivative there
+    full = np.diag(var)
     if covariance is not None:
         cnames, cmat = list(covariance[0]), np.asarray(covariance[1], float)
         idx = [names.index(n) for n in cnames if n in names]
         sub = cmat[np.ix_([cnames.index(names[i]) for i in idx], [cnames.index(names[i]) for i in idx])]
         if idx and np.all(np.isfinite(sub)):
-            full = np.diag(var)
+            seeded = full.copy()
             d = du[idx]
-            full[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
-            if np.all(np.isfinite(full)) and np.all(np.linalg.eigvalsh(full) > 0):
-                if not adapt:
-                    return QuadPotentialFull(full)
-                with warnings.catch_warnings():  # PyMC flags the class as experimental; pgpgm chose it (tested)
-                    warnings.filterwarnings("ignore", "QuadPotentialFullAdapt is an experimental feature", UserWarning)
-                    return QuadPotentialFullAdapt(len(mean), np.array(mean), full, weight)
-    return QuadPotentialDiagAdapt(len(mean), np.array(mean), var, weight) if adapt else QuadPotentialDiag(var)
+            seeded[np.ix_(idx, idx)] = d[:, None] * sub * d[None, :]
+            if np.all(np.isfinite(seeded)) and np.all(np.linalg.eigvalsh(seeded) > 0):
+                return np.array(mean), seeded, True
+    return np.array(mean), full, False
+
+
+def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
+                     covariance: tuple[Sequence[str], np.ndarray] | None = None, weight: float = 10.0,
+                     adapt: bool = True):
+    """A mass-matrix adaptation for NUTS seeded with the refinement's uncertainty
+    (:func:`seed_metric`) - or, with ``adapt=False``, that seed as a fixed mass matrix
+    (``QuadPotentialFull`` / ``QuadPotentialDiag``: NUTS's tuning then adapts the step size only).
+    A dense seed gives PyMC's full adaptation (weight ``weight`` on the seed), a diagonal one its
+    diagonal adaptation."""
+    mean, full, dense = seed_metric(space, center, sd, covariance)
+    if dense:
+        if not adapt:
+            return QuadPotentialFull(full)
+        with warnings.catch_warnings():  # PyMC flags the class as experimental; pgpgm chose it (tested)
+            warnings.filterwarnings("ignore", "QuadPotentialFullAdapt is an experimental feature", UserWarning)
+            return QuadPotentialFullAdapt(len(mean), mean, full, weight)
+    var = np.diag(full).copy()
+    return QuadPotentialDiagAdapt(len(mean), mean, var, weight) if adapt else QuadPotentialDiag(var)
 
 
 #: the mass-matrix choices of :func:`run_nuts`'s first round
@@ -779,9 +790,14 @@ def run_nuts(
             diag = diagnose(so_far, names)
             return not mixing_problems(diag) or bool(find_modes(so_far, names))
 
+        whiten = None
+        if all(v.ndim == 0 for v in model.value_vars):  # the Laplace approximation whitens nutpie's coordinates
+            mean, matrix, _ = seed_metric(space, center, sd, covariance)
+            whiten = (mean, matrix)
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
-                             max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged)
+                             max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged,
+                             whiten=whiten)
         n = int(tree.posterior.sizes["draw"])
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn)
     if starts is None:
