@@ -53,6 +53,7 @@ def row(case: harness.Published, seed: int, r) -> dict:
             "latent_rmse_sampled": rmse["sampled"], "latent_rmse_refined": rmse["refined"],
             "seconds": r.timings["total"], "posterior_s": r.timings["posterior"],
             "rounds": int(attrs.get("pgpgm_rounds", 1)),
+            "sampler": attrs.get("pgpgm_sampler", ""),
             "budget_spent": json.loads(attrs.get("pgpgm_budget", "{}")).get("exhausted", ""),
             "gradient_evaluations": json.loads(attrs.get("pgpgm_budget", "{}")).get("used_gradient_evaluations", 0),
             "modes": len(json.loads(attrs.get("pgpgm_modes", "[]")))}
@@ -64,8 +65,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated METRIC:TUNE[:CORES] step-4 variants (METRIC adapt, laplace, or nutpie: the "
-                         "nutpie engine), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
+                    help="comma-separated METRIC:TUNE[:CORES] step-4 variants (METRIC adapt, laplace, or nutpie / auto: "
+                         "that engine), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
     a = ap.parse_args()
     variants = [None] if not a.variants else [(v.split(":")[0], int(v.split(":")[1]),
@@ -79,7 +80,7 @@ def main() -> None:
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         for key, variant in ((k, v) for k in keys for v in variants):
             extra = {} if variant is None else {"posterior": (
-                pgpgm.NUTS(tune=variant[1], sampler="nutpie", cores=variant[2]) if variant[0] == "nutpie" else
+                pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2]) if variant[0] in ("nutpie", "auto") else
                 pgpgm.NUTS(tune=variant[1], metric=variant[0], cores=variant[2]))}
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)

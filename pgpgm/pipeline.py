@@ -37,6 +37,7 @@ from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .posterior.nuts import (
     MAX_ROUNDS,
     METRICS,
+    NUTS_SAMPLERS,
     NUTSRun,
     PosteriorBudget,
     build_ode_model,
@@ -84,8 +85,8 @@ class NUTS:
         set_(self, "chains", check_count(self.chains, "posterior_chains", minimum=1))
         set_(self, "rounds", check_count(self.rounds, "posterior_rounds", minimum=1))
         set_(self, "budget", PosteriorBudget.of(self.budget))
-        if self.sampler not in ("pymc", "nutpie"):
-            raise DataError(f"nuts_sampler must be 'pymc' or 'nutpie', got {self.sampler!r}")
+        if self.sampler not in NUTS_SAMPLERS:
+            raise DataError(f"nuts_sampler must be one of {NUTS_SAMPLERS}, got {self.sampler!r}")
         if self.cores is not None:
             set_(self, "cores", check_count(self.cores, "cores", minimum=1))
 
