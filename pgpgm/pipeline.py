@@ -62,8 +62,8 @@ class NUTS:
     """Step 4 by NUTS on the ODE model (:func:`pgpgm.posterior.nuts.run_nuts`).
 
     draws, tune, chains : per chain; rounds : most NUTS rounds while R-hat, ESS or divergences
-    fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``
-    or ``"nutpie"``; cores : processes (default: one per chain, at most the CPUs); metric : the first
+    fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``,
+    ``"nutpie"`` or ``"auto"``; cores : processes (default: one per chain, at most the CPUs); metric : the first
     round's mass matrix, ``"adapt"`` or ``"laplace"`` (see :func:`pgpgm.posterior.nuts.run_nuts`).
     """
 
@@ -269,7 +269,8 @@ def fit(
     (default) and ``"laplace"`` build one from the flat ``posterior_*`` arguments. ``"nuts"``:
     ``posterior_chains`` chains of ``posterior_tune``
     + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
-    ``nuts_sampler`` ``"pymc"`` or ``"nutpie"``; with ``"pymc"``, up to ``posterior_rounds``
+    ``nuts_sampler`` ``"pymc"``, ``"nutpie"`` (whitened by the Laplace approximation) or ``"auto"``
+    (nutpie where that approximation describes the posterior, else PyMC); with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
     :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; with ``"nutpie"`` one run that ends
     when R-hat and ESS pass (up to ``posterior_draws * 2 ** (posterior_rounds - 1)`` draws per chain);

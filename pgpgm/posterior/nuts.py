@@ -732,12 +732,17 @@ def run_nuts(
         processes than chains with a budget: the chains run in waves of ``cores``, each wave an equal
         share of the budget (what one leaves goes to the next), the same draws as in one call
     seed : seeds the starts and the sampler
-    nuts_sampler : ``"pymc"`` or ``"nutpie"`` (installed separately: ``pip install pgpgm[nutpie]``;
-        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`: every chain a thread of this process,
-        started from ``center`` with nutpie's own mass-matrix adaptation; instead of rounds, one run of
+    nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
+        (installed separately: ``pip install pgpgm[nutpie]``;
+        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
+        coordinates whitened by the Laplace approximation of :func:`seed_metric` (where every value
+        variable is a scalar), started at ``center`` jittered by U(-1, 1) whitened sds, with nutpie's own
+        diagonal adaptation; instead of rounds, one run of
         up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
         (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
-        spent - the same budget, result and warnings as ``"pymc"``)
+        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: ``"nutpie"`` where
+        :func:`laplace_whitens` (and nutpie is installed), else ``"pymc"``. ``tree.attrs["pgpgm_sampler"]``
+        names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
         After a round whose draws fail a check of :func:`pgpgm.posterior.diagnostics.problems`
