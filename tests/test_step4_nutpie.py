@@ -56,6 +56,9 @@ def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
     diag = diagnose(tree, ["k", "x_0"])
     assert float(diag["rhat"].max()) <= 1.01 and float(diag["ess_bulk"].min()) >= 400
     assert 300 <= tree.posterior.sizes["draw"] < 300 * 32
+    assert tree.attrs["pgpgm_sampler"] == "nutpie"
+    np.testing.assert_array_equal(tree["observed_data"]["y_x"].values.ravel(),
+                                  np.asarray(model.rvs_to_values[model["y_x"]].eval()).ravel())
     ref = sample_posterior(model, center, sd, draws=3000, tune=500, chains=4, cores=2, seed=3, progressbar=False,
                            budget=None, warn=False)
     for name in ("k", "x_0"):

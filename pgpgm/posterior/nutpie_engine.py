@@ -24,7 +24,8 @@ ESS 316 from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
 draws returned are those every chain has (a chain the abort caught ahead of the others is cut
-to the shortest), tuning excluded; ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``.
+to the shortest), tuning excluded; ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``, and
+``observed_data`` the model's data, as with PyMC.
 """
 
 from __future__ import annotations
@@ -103,7 +104,21 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
             next_draws, next_time = int(drawn[0] * GROWTH) + 1, time.perf_counter() + CHECK_EVERY
     tree = run.wait() if _finished(run) else run.abort()
     spent(steps[0])
-    return passed if passed is not None else equal_chains(tree)
+    out = passed if passed is not None else equal_chains(tree)
+    if whiten is not None and "observed_data" not in out.children:
+        out["observed_data"] = xr.DataTree(observed_data(model))  # the whitened model holds no data
+    return out
+
+
+def observed_data(model) -> xr.Dataset:
+    """The observed data of ``model``'s likelihood terms by name (with their dims, where named), as the
+    ``observed_data`` group of a :func:`pymc.sample` tree holds them."""
+    data = {}
+    for rv in model.observed_RVs:
+        values = np.asarray(model.rvs_to_values[rv].eval())
+        dims = model.named_vars_to_dims.get(rv.name) or tuple(f"{rv.name}_dim_{i}" for i in range(values.ndim))
+        data[rv.name] = (dims, values)
+    return xr.Dataset(data)
 
 
 def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
