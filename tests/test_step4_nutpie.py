@@ -111,27 +111,22 @@ def test_the_whitened_model_is_the_model_in_whitened_coordinates():
     assert [v.name for v in white.free_RVs] == [WHITE] and white[WHITE].owner.op.name == "flat"
 
 
-def test_auto_whitens_with_nutpie_only_where_the_laplace_approximation_describes_the_posterior():
-    """``nuts_sampler="auto"``: nutpie where the refinement pins every transformed variable (log-scale sd
-    <= 1) with a finite dense covariance; PyMC's rounds where the standard error exceeds the estimate
-    (sd 2.0 for k = 0.8: 2.5 on the log scale) or the refined value sits on its bound (k = 5 in (0, 5))."""
-    from pgpgm.posterior.nuts import LAPLACE_SD_MAX, ValueSpace, laplace_whitens
+def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar_and_is_the_default():
+    """``nuts_sampler="auto"`` (:func:`pgpgm.fit`'s and :class:`pgpgm.NUTS`'s default): nutpie, whitened,
+    where every value variable is a scalar (every single-experiment fit); PyMC's rounds on a model with a
+    vector-valued variable (a study's random effects), which the whitening does not cover."""
+    import pymc as pm
 
+    from pgpgm.posterior.nuts import auto_sampler
+
+    assert pgpgm.NUTS().sampler == "auto"
     model, center, sd = _decay_model()
-    space = ValueSpace(model)
+    assert auto_sampler(model) == "nutpie"
+    with pm.Model() as vector:
+        pm.Normal("effects", 0.0, 1.0, shape=3)
+    assert auto_sampler(vector) == "pymc"
     cov = (["k", "x_0"], np.array([[sd["k"] ** 2, 0.0004], [0.0004, sd["x_0"] ** 2]]))
-    assert laplace_whitens(space, center, sd, cov)
-    wide = {**sd, "k": 2.0}
-    assert 2.0 / 0.8 > LAPLACE_SD_MAX
-    assert not laplace_whitens(space, center, wide, (cov[0], np.array([[4.0, 0.0], [0.0, SD ** 2]])))
-    assert not laplace_whitens(space, {**center, "k": 5.0}, sd, cov)
-    assert not laplace_whitens(space, center, sd, None)  # no covariance: no dense whitening
     with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
         tree = sample_posterior(model, center, sd, covariance=cov, draws=200, tune=100, chains=2, seed=1,
                                 progressbar=False, nuts_sampler="auto", budget=PosteriorBudget(None, 3000))
     assert tree.attrs["pgpgm_sampler"] == "nutpie"
-    with pytest.warns(ConvergenceWarning):
-        tree = sample_posterior(model, {**center, "k": 5.0}, sd, covariance=cov, draws=50, tune=50, chains=2,
-                                cores=1, seed=1, progressbar=False, nuts_sampler="auto",
-                                budget=PosteriorBudget(None, 3000))
-    assert tree.attrs["pgpgm_sampler"] == "pymc"

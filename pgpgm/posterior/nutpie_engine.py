@@ -16,10 +16,15 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
 :func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
 model's value variables): :func:`whitened_model`. nutpie's own metric is diagonal (adapted from the
-draws' and the gradients' spread); on the correlated, ridge-shaped posteriors of ODE parameters it
-needs long trajectories in the original coordinates, and in the whitened ones the diagonal is all that
-is left to adapt (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085,
-ESS 316 from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
+draws' and the gradients' spread) plus, with :data:`ADAPTATION`, a low-rank correction; on the
+correlated, ridge-shaped posteriors of ODE parameters it needs long trajectories in the original
+coordinates, and in the whitened ones what is left to adapt is what the Laplace approximation
+misses (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085, ESS 316
+from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
+
+nutpie compiles the model's log density into a C callback for every run: 6-17 s of the budget on the
+published cases (PyMC loads the same compiled function from PyTensor's cache in 0.2 s), most of it
+numba typing and linking the cached function into the callback.
 
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
@@ -39,6 +44,12 @@ import xarray as xr
 #: the name of the whitened model's one free variable (see :func:`whitened_model`)
 WHITE = "pgpgm_z"
 
+#: nutpie's mass-matrix adaptation: a diagonal plus a low-rank correction learnt from the draws and the
+#: gradients (nutpie's ``adaptation="low_rank"``). In the whitened coordinates it adapts what the Laplace
+#: approximation misses - a posterior wider or turned along a ridge that reaches the prior bound.
+#: Measured on the 40 published fits (benchmarks/RESULTS.md): 34 converged against 30 with the diagonal
+#: alone, 6 of the 10 large-noise Lotka-Volterra fits against 2.
+ADAPTATION = "low_rank"
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1
 #: the draws so far are checked once every chain has ``draws``, then whenever the slowest chain has
@@ -72,7 +83,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     DataTree : the draws (``posterior`` (chain, draw), ``sample_stats``); whether the budget ended the
     run is what ``spent`` last said (its caller's meter keeps it).
     """
-    import nutpie  # an optional dependency (pip install pgpgm[nutpie])
+    import nutpie  # imported here: pgpgm's import loads no heavy library
 
     if whiten is None:
         compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
@@ -89,7 +100,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
 
     run = nutpie.sample(compiled, draws=int(max_draws), tune=n_tune, chains=chains, cores=chains,
                         seed=seed, save_warmup=False, progress_bar=False, blocking=False, progress_callback=progress,
-                        progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth)
+                        progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth,
+                        adaptation=ADAPTATION)
     next_draws, next_time = int(draws), np.inf  # the next check: at these draws, or at this time
     passed = None  # the draws that passed the check (the chains run on a little before the abort)
     while not _finished(run):

@@ -495,36 +495,22 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
 
 
 #: :func:`run_nuts`'s engines: PyMC's NUTS in rounds, nutpie in whitened coordinates, or ``"auto"``
-#: (nutpie where :func:`laplace_whitens`, PyMC's rounds elsewhere)
+#: (nutpie where every value variable is a scalar, PyMC's rounds elsewhere: :func:`auto_sampler`)
 NUTS_SAMPLERS = ("pymc", "nutpie", "auto")
-#: ``"auto"`` runs nutpie only when every transformed variable's Laplace sd is at most this (on the log
-#: scale: the refinement pins the parameter within a factor e)
-LAPLACE_SD_MAX = 1.0
 
 
-def laplace_whitens(space: ValueSpace, center: Mapping[str, float], sd: Mapping[str, float],
-                    covariance: tuple[Sequence[str], np.ndarray] | None) -> bool:
-    """Whether the refinement's Laplace approximation (:func:`seed_metric`) describes the posterior well
-    enough to whiten nutpie's coordinates: every value variable a scalar, the dense covariance finite and
-    positive definite (no refined value on a bound of its box), and every transformed variable's sd
-    at most :data:`LAPLACE_SD_MAX`.
+def auto_sampler(model: pm.Model) -> str:
+    """The engine ``nuts_sampler="auto"`` runs on ``model``: ``"nutpie"`` (whitened by the refinement's
+    Laplace approximation, :data:`pgpgm.posterior.nutpie_engine.ADAPTATION`) where every value variable
+    is a scalar, else ``"pymc"`` (a study's vector-valued random effects).
 
-    Measured (``benchmarks/RESULTS.md``, 40 published fits): whitened nutpie converged 28 of the 30 fits
-    whose posterior the Laplace approximation describes (FitzHugh-Nagumo, Lotka-Volterra with small
-    noise, protein transduction) in a median 28 s of step 4 against PyMC's 53 s, and 2 of the 10
-    large-noise Lotka-Volterra fits, whose refined points sit on a bound or whose standard errors
-    exceed the estimates (sd / estimate 0.5-14 on the log scale)."""
-    model = space.model
-    if any(v.ndim for v in model.value_vars):
-        return False
-    _, matrix, dense = seed_metric(space, center, sd, covariance)
-    transformed = [i for i, v in enumerate(model.value_vars)
-                   if model.rvs_to_transforms.get(model.values_to_rvs[v]) is not None]
-    return dense and all(np.sqrt(matrix[i, i]) <= LAPLACE_SD_MAX for i in transformed)
+    Measured (``benchmarks/RESULTS.md``, the 40 published fits, one run each, quiet machine): nutpie
+    converged 34 in a median 31.5 s of step 4, PyMC's rounds 29 in 59.4 s."""
+    return "nutpie" if all(v.ndim == 0 for v in model.value_vars) and _has_nutpie() else "pymc"
 
 
 def _has_nutpie() -> bool:
-    """Whether nutpie (the optional engine) is installed."""
+    """Whether nutpie is installed (a requirement; a broken environment falls back to PyMC)."""
     import importlib.util
 
     return importlib.util.find_spec("nutpie") is not None
@@ -733,15 +719,14 @@ def run_nuts(
         share of the budget (what one leaves goes to the next), the same draws as in one call
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
-        (installed separately: ``pip install pgpgm[nutpie]``;
-        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
+        (:func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
         coordinates whitened by the Laplace approximation of :func:`seed_metric` (where every value
         variable is a scalar), started at ``center`` jittered by U(-1, 1) whitened sds, with nutpie's own
-        diagonal adaptation; instead of rounds, one run of
+        adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
         up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
         (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
-        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: ``"nutpie"`` where
-        :func:`laplace_whitens` (and nutpie is installed), else ``"pymc"``. ``tree.attrs["pgpgm_sampler"]``
+        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`
+        (:func:`pgpgm.fit`'s default). ``tree.attrs["pgpgm_sampler"]``
         names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
@@ -821,7 +806,7 @@ def run_nuts(
     common = dict(draws=draws, tune=tune, chains=chains, cores=cores, random_seed=seed, progressbar=progressbar,
                   compute_convergence_checks=False, model=model)
     if nuts_sampler == "auto":
-        nuts_sampler = "nutpie" if laplace_whitens(space, center, sd, covariance) and _has_nutpie() else "pymc"
+        nuts_sampler = auto_sampler(model)
     if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
 
