@@ -202,7 +202,8 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 20 draws are not converged
         r = pgpgm.fit(lv.system, ds, ["x1"], draws=100, tune=100, seed=1, progressbar=False, posterior_draws=20,
-                      posterior_tune=20, posterior_chains=1, cores=1, posterior_rounds=2)
+                      posterior_tune=20, posterior_chains=1, cores=1, posterior_rounds=2,
+                      nuts_sampler="pymc")  # the rounds are PyMC's engine's
     assert seen == [2] and r.posterior.attrs["pgpgm_rounds"] == 1  # one chain of 20 draws: no further round
     assert r.n_ode_solves["posterior"] == int(r.posterior.sample_stats["n_steps"].sum()) > 20  # one per leapfrog step
     assert inspect.signature(pgpgm.fit).parameters["posterior_rounds"].default == MAX_ROUNDS == 6

@@ -32,7 +32,7 @@ def _fits() -> dict[str, np.ndarray]:
         # the default stop rule, step 4 with PyMC's NUTS (one round, no budget: deterministic)
         "fhn": lambda: pgpgm.fit(fhn.system, data, x0={"V": -1.0}, priors=(0.0, 10.0), draws=300, tune=200, seed=5,
                                  posterior_draws=60, posterior_tune=60, posterior_chains=2, posterior_rounds=1,
-                                 posterior_budget=None, cores=1, progressbar=False),
+                                 posterior_budget=None, cores=1, progressbar=False, nuts_sampler="pymc"),
         # a fixed parameter, lognormal noise (the log-scale path: since issue 31 noise="lognormal" alone is the
         # measurement model, and transform="log" puts the state itself on the log scale as before), the paper's
         # elementwise scheme, the whole budget

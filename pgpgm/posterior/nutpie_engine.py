@@ -8,9 +8,8 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 
 - every :data:`POLL` seconds the leapfrog steps so far (nutpie's progress callback) go to
   ``spent``; once it says the budget is spent the run is aborted and keeps what it drew;
-- once every chain has ``draws`` draws, and then whenever the slowest chain has :data:`GROWTH` times
-  the draws of the last check or :data:`CHECK_EVERY` seconds have passed, the draws so far go to
-  ``converged`` (R-hat, ESS and divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they
+- at fixed draw counts per chain (``draws``, then :data:`GROWTH` times the last), once the slowest
+  chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they
   pass, the run ends there.
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
@@ -52,10 +51,10 @@ WHITE = "pgpgm_z"
 ADAPTATION = "low_rank"
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1
-#: the draws so far are checked once every chain has ``draws``, then whenever the slowest chain has
-#: GROWTH times the draws of the last check, or CHECK_EVERY seconds after it
-GROWTH = 1.5
-CHECK_EVERY = 5.0
+#: the draws are checked at fixed counts per chain - ``draws``, then GROWTH times the last count (rounded
+#: up) - each check on exactly that many draws of every chain, so that a run that passes returns the
+#: same draws whenever the checks happen (nutpie's chains are threads, each with its own random stream)
+GROWTH = 1.25
 
 
 def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
@@ -102,18 +101,19 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
                         seed=seed, save_warmup=False, progress_bar=False, blocking=False, progress_callback=progress,
                         progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth,
                         adaptation=ADAPTATION)
-    next_draws, next_time = int(draws), np.inf  # the next check: at these draws, or at this time
+    check = int(draws)  # the next check: at this many draws of every chain
     passed = None  # the draws that passed the check (the chains run on a little before the abort)
-    while not _finished(run):
+    while not _finished(run) and passed is None:
         time.sleep(POLL)
         if spent(steps[0]):
             break
-        if drawn[0] >= draws and (drawn[0] >= next_draws or time.perf_counter() >= next_time):
-            so_far = equal_chains(run.inspect())
-            if so_far.posterior.sizes["draw"] >= draws and converged(so_far):
-                passed = so_far
+        while passed is None and check <= min(drawn[0], max_draws):
+            so_far = equal_chains(run.inspect(), check)
+            if so_far.posterior.sizes["draw"] < check:  # the progress report ran ahead of the trace
                 break
-            next_draws, next_time = int(drawn[0] * GROWTH) + 1, time.perf_counter() + CHECK_EVERY
+            if converged(so_far):
+                passed = so_far
+            check = int(np.ceil(check * GROWTH))
     tree = run.wait() if _finished(run) else run.abort()
     spent(steps[0])
     out = passed if passed is not None else equal_chains(tree)
@@ -171,12 +171,15 @@ def _finished(run) -> bool:
         return False
 
 
-def equal_chains(tree: xr.DataTree) -> xr.DataTree:
+def equal_chains(tree: xr.DataTree, at_most: int | None = None) -> xr.DataTree:
     """``tree``'s ``posterior`` and ``sample_stats`` cut to the draws every chain has (nutpie pads a
-    chain that has fewer with NaN, in its step size too); the other groups unchanged."""
+    chain that has fewer with NaN, in its step size too), and to the first ``at_most`` where given; the
+    other groups unchanged."""
     stats = tree["sample_stats"].to_dataset()
     drawn = np.isfinite(np.asarray(stats["step_size"], float))  # (chain, draw)
     n = int(drawn.cumprod(axis=1).sum(axis=1).min()) if drawn.size else 0
+    if at_most is not None:
+        n = min(n, int(at_most))
     out = tree.copy()
     for group in ("posterior", "sample_stats"):
         if group in tree.children:

@@ -771,7 +771,8 @@ def run_nuts(
         shortest; chains run one after the other (``cores=1``) each get an equal share of the budget; a round that stopped while tuning keeps the latter half of its tuning iterations,
         ``tree.attrs["pgpgm_tuning_draws"] = 1``).
     starts : (chains,) starting points, constrained values of every free variable by name, one per
-        chain, instead of draws around ``center`` (e.g. chains started in several basins)
+        chain, instead of draws around ``center`` (e.g. chains started in several basins); PyMC's
+        engine only (``"auto"`` then runs it)
     metric : the first round's mass matrix: ``"adapt"`` (default) starts from the refinement's
         covariance (see :func:`seeded_potential`) and adapts it from the chains' tuning draws (PyMC's
         windowed dense adaptation, weight 10 on the seed); ``"laplace"`` keeps that seed fixed and tunes
@@ -805,8 +806,11 @@ def run_nuts(
     names = [rv.name for rv in space.rvs if rv.ndim == 0]
     common = dict(draws=draws, tune=tune, chains=chains, cores=cores, random_seed=seed, progressbar=progressbar,
                   compute_convergence_checks=False, model=model)
-    if nuts_sampler == "auto":
-        nuts_sampler = auto_sampler(model)
+    if nuts_sampler == "auto":  # chains from given starts: PyMC's (nutpie starts every chain around one point)
+        nuts_sampler = "pymc" if starts is not None else auto_sampler(model)
+    if nuts_sampler == "nutpie" and starts is not None:
+        raise DataError("starts (one point per chain) need nuts_sampler='pymc' or 'auto': nutpie starts every "
+                        "chain around center")
     if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
 
