@@ -111,15 +111,15 @@ def test_the_whitened_model_is_the_model_in_whitened_coordinates():
     assert [v.name for v in white.free_RVs] == [WHITE] and white[WHITE].owner.op.name == "flat"
 
 
-def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar_and_is_the_default():
-    """``nuts_sampler="auto"`` (:func:`pgpgm.fit`'s and :class:`pgpgm.NUTS`'s default): nutpie, whitened,
+def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():
+    """``nuts_sampler="auto"`` (not the default: ``"pymc"`` is): nutpie, whitened,
     where every value variable is a scalar (every single-experiment fit); PyMC's rounds on a model with a
     vector-valued variable (a study's random effects), which the whitening does not cover."""
     import pymc as pm
 
     from pgpgm.posterior.nuts import auto_sampler
 
-    assert pgpgm.NUTS().sampler == "auto"
+    assert pgpgm.NUTS().sampler == "pymc"
     model, center, sd = _decay_model()
     assert auto_sampler(model) == "nutpie"
     with pm.Model() as vector:
@@ -130,3 +130,17 @@ def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar_and_is_the_defa
         tree = sample_posterior(model, center, sd, covariance=cov, draws=200, tune=100, chains=2, seed=1,
                                 progressbar=False, nuts_sampler="auto", budget=PosteriorBudget(None, 3000))
     assert tree.attrs["pgpgm_sampler"] == "nutpie"
+
+
+def test_a_nutpie_run_the_budget_stops_while_tuning_keeps_the_latter_half_of_its_tuning():
+    """A budget spent before tuning ends (5000 tuning iterations asked, 4000 leapfrog steps allowed): as
+    with PyMC's engine, the result holds the latter half of the tuning iterations every chain made,
+    flagged ``pgpgm_tuning_draws``, finite, with the budget warning - not zero draws."""
+    model, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
+        tree = sample_posterior(model, center, sd, draws=500, tune=5000, chains=2, seed=1, progressbar=False,
+                                nuts_sampler="nutpie", budget=PosteriorBudget(None, 4000))
+    assert tree.attrs["pgpgm_tuning_draws"] == 1 and json.loads(tree.attrs["pgpgm_budget"])["exhausted"]
+    n = tree.posterior.sizes["draw"]
+    assert 10 < n < 2500 and tree.posterior.sizes["chain"] == 2
+    assert np.all(np.isfinite(tree.posterior["k"].values)) and not any(g.startswith("warmup") for g in tree.children)

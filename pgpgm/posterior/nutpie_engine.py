@@ -28,13 +28,16 @@ numba typing and linking the cached function into the callback.
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
 draws returned are those every chain has (a chain the abort caught ahead of the others is cut
-to the shortest), tuning excluded; ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``, and
+to the shortest), and the tuning iterations apart (the caller keeps their latter half, as PyMC's
+engine does, when the budget ended the run while tuning: the repressilator, 6 states, compiled and
+tuned for the whole 60 s); ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``, and
 ``observed_data`` the model's data, as with PyMC.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -79,10 +82,11 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
 
     Returns
     -------
-    DataTree : the draws (``posterior`` (chain, draw), ``sample_stats``); whether the budget ended the
-    run is what ``spent`` last said (its caller's meter keeps it).
+    DataTree : the draws (``posterior`` (chain, draw), ``sample_stats``) and the tuning iterations
+    (``warmup_posterior``, ``warmup_sample_stats``: a run the budget stopped while tuning has no other
+    draws); whether the budget ended the run is what ``spent`` last said (its caller's meter keeps it).
     """
-    import nutpie  # imported here: pgpgm's import loads no heavy library
+    import nutpie  # an optional dependency (pip install pgpgm[nutpie])
 
     if whiten is None:
         compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
@@ -98,7 +102,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
         drawn[0] = max(min(int(p.finished_draws) for p in chain_progress) - n_tune, 0)
 
     run = nutpie.sample(compiled, draws=int(max_draws), tune=n_tune, chains=chains, cores=chains,
-                        seed=seed, save_warmup=False, progress_bar=False, blocking=False, progress_callback=progress,
+                        seed=seed, save_warmup=True, progress_bar=False, blocking=False, progress_callback=progress,
                         progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth,
                         adaptation=ADAPTATION)
     check = int(draws)  # the next check: at this many draws of every chain
@@ -108,13 +112,13 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
         if spent(steps[0]):
             break
         while passed is None and check <= min(drawn[0], max_draws):
-            so_far = equal_chains(run.inspect(), check)
+            so_far = equal_chains(_quietly(run.inspect), check)
             if so_far.posterior.sizes["draw"] < check:  # the progress report ran ahead of the trace
                 break
             if converged(so_far):
                 passed = so_far
             check = int(np.ceil(check * GROWTH))
-    tree = run.wait() if _finished(run) else run.abort()
+    tree = _quietly(run.wait if _finished(run) else run.abort)
     spent(steps[0])
     out = passed if passed is not None else equal_chains(tree)
     if whiten is not None and "observed_data" not in out.children:
@@ -163,6 +167,14 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     return white, [var.name for var in outputs]
 
 
+def _quietly(get: Callable[[], xr.DataTree]) -> xr.DataTree:
+    """nutpie's trace so far, without ArviZ's warning that a trace of fewer draws than chains (a run
+    stopped early) may have its dimensions swapped: they are not."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Found chain dimension to be longer than draw dimension")
+        return get()
+
+
 def _finished(run) -> bool:
     """Whether nutpie's background run has ended (nutpie 0.16 raises TimeoutError while it runs)."""
     try:
@@ -174,15 +186,17 @@ def _finished(run) -> bool:
 def equal_chains(tree: xr.DataTree, at_most: int | None = None) -> xr.DataTree:
     """``tree``'s ``posterior`` and ``sample_stats`` cut to the draws every chain has (nutpie pads a
     chain that has fewer with NaN, in its step size too), and to the first ``at_most`` where given; the
-    other groups unchanged."""
-    stats = tree["sample_stats"].to_dataset()
-    drawn = np.isfinite(np.asarray(stats["step_size"], float))  # (chain, draw)
-    n = int(drawn.cumprod(axis=1).sum(axis=1).min()) if drawn.size else 0
-    if at_most is not None:
-        n = min(n, int(at_most))
+    ``warmup_`` groups likewise (without ``at_most``); the other groups unchanged."""
     out = tree.copy()
-    for group in ("posterior", "sample_stats"):
-        if group in tree.children:
-            part = tree[group].to_dataset().isel(draw=slice(0, n))
-            out[group] = xr.DataTree(part)
+    for prefix, limit in (("", at_most), ("warmup_", None)):
+        if f"{prefix}sample_stats" not in tree.children:
+            continue
+        stats = tree[f"{prefix}sample_stats"].to_dataset()
+        drawn = np.isfinite(np.asarray(stats["step_size"], float))  # (chain, draw)
+        n = int(drawn.cumprod(axis=1).sum(axis=1).min()) if drawn.size else 0
+        if limit is not None:
+            n = min(n, int(limit))
+        for group in (f"{prefix}posterior", f"{prefix}sample_stats"):
+            if group in tree.children:
+                out[group] = xr.DataTree(tree[group].to_dataset().isel(draw=slice(0, n)))
     return out

@@ -505,7 +505,9 @@ def auto_sampler(model: pm.Model) -> str:
     is a scalar, else ``"pymc"`` (a study's vector-valued random effects).
 
     Measured (``benchmarks/RESULTS.md``, the 40 published fits, one run each, quiet machine): nutpie
-    converged 34 in a median 31.5 s of step 4, PyMC's rounds 29 in 59.4 s."""
+    converged 34 in a median 31.5 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
+    compiles the model for every run inside the budget (6-17 s on the published models; a 6-state
+    repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC drew 150)."""
     return "nutpie" if all(v.ndim == 0 for v in model.value_vars) and _has_nutpie() else "pymc"
 
 
@@ -725,8 +727,7 @@ def run_nuts(
         adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
         up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
         (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
-        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`
-        (:func:`pgpgm.fit`'s default). ``tree.attrs["pgpgm_sampler"]``
+        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`. ``tree.attrs["pgpgm_sampler"]``
         names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
@@ -830,6 +831,7 @@ def run_nuts(
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
                              max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged,
                              whiten=whiten)
+        tree = _kept_draws(tree, stopped=bool(meter.exhausted))  # stopped while tuning: its latter half
         n = int(tree.posterior.sizes["draw"])
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
     if starts is None:
