@@ -49,8 +49,8 @@ WHITE = "pgpgm_z"
 #: nutpie's mass-matrix adaptation: a diagonal plus a low-rank correction learnt from the draws and the
 #: gradients (nutpie's ``adaptation="low_rank"``). In the whitened coordinates it adapts what the Laplace
 #: approximation misses - a posterior wider or turned along a ridge that reaches the prior bound.
-#: Measured on the 40 published fits (benchmarks/RESULTS.md): 34 converged against 30 with the diagonal
-#: alone, 6 of the 10 large-noise Lotka-Volterra fits against 2.
+#: Measured on the 40 published fits (benchmarks/RESULTS.md): 35 converged against 30 with the diagonal
+#: alone, 7 of the 10 large-noise Lotka-Volterra fits against 2.
 ADAPTATION = "low_rank"
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1

@@ -505,7 +505,7 @@ def auto_sampler(model: pm.Model) -> str:
     is a scalar, else ``"pymc"`` (a study's vector-valued random effects).
 
     Measured (``benchmarks/RESULTS.md``, the 40 published fits, one run each, quiet machine): nutpie
-    converged 34 in a median 31.5 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
+    converged 35 in a median 34.4 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
     compiles the model for every run inside the budget (6-17 s on the published models; a 6-state
     repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC drew 150)."""
     return "nutpie" if all(v.ndim == 0 for v in model.value_vars) and _has_nutpie() else "pymc"
