@@ -63,7 +63,8 @@ class NUTS:
 
     draws, tune, chains : per chain; rounds : most NUTS rounds while R-hat, ESS or divergences
     fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``
-    (default), ``"nutpie"`` or ``"auto"`` (nutpie where every value variable is a scalar, else PyMC); cores : processes (default: one per chain, at most the CPUs); metric : the first
+    (default), ``"nutpie"`` or ``"auto"`` (nutpie where every value variable is a scalar, else PyMC);
+    cores : processes (default: one per chain, at most the CPUs); metric : the first
     round's mass matrix, ``"adapt"`` or ``"laplace"`` (see :func:`pgpgm.posterior.nuts.run_nuts`).
     """
 

@@ -9,8 +9,8 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 - every :data:`POLL` seconds the leapfrog steps so far (nutpie's progress callback) go to
   ``spent``; once it says the budget is spent the run is aborted and keeps what it drew;
 - at fixed draw counts per chain (``draws``, then :data:`GROWTH` times the last), once the slowest
-  chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they
-  pass, the run ends there.
+  chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and
+  divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they pass, the run ends there.
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
 :func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the

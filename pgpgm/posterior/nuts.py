@@ -512,7 +512,7 @@ def auto_sampler(model: pm.Model) -> str:
 
 
 def _has_nutpie() -> bool:
-    """Whether nutpie is installed (a requirement; a broken environment falls back to PyMC)."""
+    """Whether nutpie (the optional engine: ``pip install pgpgm[nutpie]``) is installed."""
     import importlib.util
 
     return importlib.util.find_spec("nutpie") is not None
@@ -721,7 +721,8 @@ def run_nuts(
         share of the budget (what one leaves goes to the next), the same draws as in one call
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
-        (:func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
+        (installed separately: ``pip install pgpgm[nutpie]``;
+        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
         coordinates whitened by the Laplace approximation of :func:`seed_metric` (where every value
         variable is a scalar), started at ``center`` jittered by U(-1, 1) whitened sds, with nutpie's own
         adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
