@@ -508,7 +508,13 @@ def auto_sampler(model: pm.Model) -> str:
     converged 35 in a median 34.4 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
     compiles the model for every run inside the budget (6-17 s on the published models; a 6-state
     repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC drew 150)."""
-    return "nutpie" if all(v.ndim == 0 for v in model.value_vars) and _has_nutpie() else "pymc"
+    return "nutpie" if _scalar_values(model) and _has_nutpie() else "pymc"
+
+
+def _scalar_values(model: pm.Model) -> bool:
+    """Whether every value variable of ``model`` is a scalar (what the whitening of nutpie's coordinates
+    covers)."""
+    return all(v.ndim == 0 for v in model.value_vars)
 
 
 def _has_nutpie() -> bool:
@@ -728,8 +734,8 @@ def run_nuts(
         adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
         up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
         (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
-        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`. ``tree.attrs["pgpgm_sampler"]``
-        names the engine that ran
+        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`.
+        ``tree.attrs["pgpgm_sampler"]`` names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
         After a round whose draws fail a check of :func:`pgpgm.posterior.diagnostics.problems`
@@ -825,7 +831,7 @@ def run_nuts(
             return not mixing_problems(diag) or bool(find_modes(so_far, names))
 
         whiten = None
-        if all(v.ndim == 0 for v in model.value_vars):  # the Laplace approximation whitens nutpie's coordinates
+        if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
             mean, matrix, _ = seed_metric(space, center, sd, covariance)
             whiten = (mean, matrix)
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
