@@ -345,6 +345,9 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
                               "fits' time goes)",
     ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
+    ("pgpgm.posterior.nutpie_engine", None): "posterior.py --compile: the whitened step-4 model and its compilation "
+                                             "for nutpie, timed three ways",
+    ("pgpgm.posterior.nuts", "seed_metric"): "posterior.py --compile: the Laplace approximation that whitens the model",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
     ("pgpgm.posterior", "problems"): "posterior.py: whether a trace passes step 4's checks",
     ("pgpgm.batch", "fit_and_save"): "batch.py: what a fit_many worker runs per job, for the serial side",

@@ -9,7 +9,15 @@ step-4 inputs (model, centre, spreads, options) are those of a real ``pgpgm.fit`
 call of ``run_nuts`` (:func:`harness.private`). Step 4's budget and convergence over every
 published case: ``paper.py``.
 
-    ./run.sh bench posterior [--cases fhn-R,lv-x1] [--draws 500] [--tune 500] [--no-nutpie]
+``--compile``: instead, the seconds nutpie's model takes to compile inside step 4's budget, per case
+for three optima of one data set (the refined one, then its mean and covariance moved as another
+fit's would be): pgpgm's own callbacks (:func:`pgpgm.posterior.nutpie_engine.compile_whitened`, the
+whitening as shared variables), ``nutpie.compile_pymc_model`` on the same model, and on the model
+with the whitening and data frozen to constants (nutpie's ``freeze_model=True``: a new graph for every
+optimum, as pgpgm's whitening was before it was shared), side by side, with PyTensor's numba cache
+hits and misses of each log density.
+
+    ./run.sh bench posterior [--cases fhn-R,lv-x1] [--draws 500] [--tune 500] [--no-nutpie] [--compile]
 """
 
 from __future__ import annotations
@@ -86,14 +94,51 @@ def run_nutpie(inp: dict, draws: int, tune: int):
     return tree, wall, grads, compile_s
 
 
+def compile_times(key: str, inp: dict) -> list[dict]:
+    """Seconds to compile the whitened step-4 model of ``key`` for nutpie, three ways, at three optima."""
+    import nutpie
+
+    engine = harness.private("pgpgm.posterior.nutpie_engine")
+    space = harness.private("pgpgm.posterior.nuts", "ValueSpace")(inp["model"])
+    mean, cov, _ = harness.private("pgpgm.posterior.nuts", "seed_metric")(space, inp["center"], inp["sd"],
+                                                                          inp["kw"]["covariance"])
+    rng = np.random.default_rng(0)
+    rows = []
+    for optimum in range(3):
+        shift = np.zeros_like(mean) if optimum == 0 else rng.normal(0.0, 0.1, mean.size) * np.sqrt(np.diag(cov))
+        white, keep = engine.whitened_model(inp["model"], mean + shift, cov * (1.0 + 0.1 * optimum))
+        ways = {"pgpgm callbacks": lambda: engine.compile_whitened(white, keep)}
+        for name, freeze in (("nutpie", False), ("nutpie, constants", True)):
+            ways[name] = lambda freeze=freeze: nutpie.compile_pymc_model(
+                white, backend="numba", initial_points={engine.WHITE: np.zeros(mean.size)},
+                jitter_rvs={white[engine.WHITE]}, var_names=keep, freeze_model=freeze)
+        for name, compile_ in ways.items():
+            t = time.perf_counter()
+            compiled = compile_()
+            seconds = time.perf_counter() - t
+            stats = compiled.logp_func.vm.jit_fn.stats
+            rows.append({"case": key, "optimum": optimum, "way": name, "compile_s": seconds,
+                         "cache_hits": sum(stats.cache_hits.values()), "cache_misses": sum(stats.cache_misses.values())})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = harness.parser(__doc__, "posterior")
     ap.add_argument("--cases", default="fhn-R,lv-x1", help="comma-separated case keys")
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument("--tune", type=int, default=500)
     ap.add_argument("--no-nutpie", action="store_true", help="PyMC's NUTS only")
+    ap.add_argument("--compile", action="store_true", help="nutpie's compile times only (see above)")
     a = ap.parse_args()
     env = harness.environment()
+    if a.compile:
+        warnings.simplefilter("ignore")
+        rows = [row for key in harness.case_keys(a.cases) for row in compile_times(key, step4_inputs(key))]
+        harness.write(a.out, rows, "nutpie's compile time inside step 4's budget, three ways side by side", env=env,
+                      notes="optimum 0: the refined optimum; 1, 2: mean and covariance moved (another fit's optimum). "
+                            "cache hits / misses: PyTensor's numba cache, for the log density and gradient.")
+        return
     diagnose, problems = harness.private("pgpgm.posterior", "diagnose"), harness.private("pgpgm.posterior", "problems")
     warnings.simplefilter("ignore")
     rows = []

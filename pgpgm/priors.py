@@ -124,7 +124,8 @@ class SoftLogTransform(Transform):
     d phi = 1 - (theta/upper)^p (0.996 at upper/2), and every phi is inside the box. PyMC's
     log transform instead makes the bound a hard wall (log density -inf beyond it), which a
     NUTS trajectory along a long ridge that reaches the bound (Lotka-Volterra with one state
-    observed) hits: a divergence.
+    observed) hits: a divergence. Far past the bound theta is ``upper`` itself (the rounding of exp(log
+    upper) would put it a hair above, where the prior is 0), and the density's tail is exp(-p phi).
     """
 
     name = "softlog"
@@ -137,7 +138,10 @@ class SoftLogTransform(Transform):
         return pt.log(value) - pt.log1p(-((value / self.upper) ** self.p)) / self.p
 
     def backward(self, value, *inputs):
-        return pt.exp(self._log_theta(value))
+        # exp(log upper) rounds to above upper (10.000000000000002 for upper 10) once phi is ~4.3 / p past
+        # log upper: without the clip the prior's log density is -inf there, a hard wall in the tail of the
+        # soft one, where the posteriors of Lotka-Volterra with large noise reach (a divergence, a stuck chain)
+        return pt.minimum(pt.exp(self._log_theta(value)), self.upper)
 
     def log_jac_det(self, value, *inputs):
         return (1.0 + self.p) * self._log_theta(value) - self.p * value

@@ -249,6 +249,28 @@ def test_log_scale_meets_the_prior_bound_without_divergences():
     _assert_quadrature_moments(tree, layout, obs, k_box=(0.0, 1.0))
 
 
+def test_the_soft_wall_has_no_hard_wall_in_its_tail():
+    """Far past the bound of Uniform(0, 10), exp(log 10) rounds to 10.000000000000002, outside the box:
+    the prior's log density was -inf from phi ~ 6.7 on, a hard wall 4.3 / p past log 10 that the large-noise
+    Lotka-Volterra posteriors reach (theta1 refined on its bound, the Laplace sd 1 in phi: a third of the
+    whitened proposals there were -inf). theta is now 10 itself there, and the log density goes on falling
+    with slope -p (the Jacobian), finite to phi = 50."""
+    import pymc as pm
+
+    from pgpgm.priors import SOFT_WALL_SHARPNESS, SoftLogTransform
+
+    with pm.Model() as model:
+        pm.Uniform("k", 0.0, 10.0, default_transform=SoftLogTransform(10.0))
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    phis = [6.0, 6.7, 7.0, 10.0, 50.0]
+    values = np.array([float(logp({"k_softlog__": phi})) for phi in phis])
+    assert np.all(np.isfinite(values))
+    np.testing.assert_allclose(np.diff(values) / np.diff(phis), -SOFT_WALL_SHARPNESS, rtol=1e-9)
+    np.testing.assert_allclose([float(dlogp({"k_softlog__": phi})[0]) for phi in phis], -SOFT_WALL_SHARPNESS,
+                               rtol=1e-9)
+    assert float(pm.draw(SoftLogTransform(10.0).backward(pm.math.constant(50.0)))) == 10.0
+
+
 def test_a_centre_on_the_prior_bound_still_samples():
     """A refined k on the upper bound of its box (the log-odds transform is infinite there): the seeded
     mass matrix stays finite (PyMC raised "Mass matrix contains non-finite values"), the adaptation's

@@ -9,7 +9,7 @@ import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
-from pgpgm.posterior.nutpie_engine import WHITE, equal_chains, whitened_model
+from pgpgm.posterior.nutpie_engine import WHITE, compile_whitened, equal_chains, whitened_model
 
 pytest.importorskip("nutpie")
 
@@ -109,6 +109,56 @@ def test_the_whitened_model_is_the_model_in_whitened_coordinates():
             np.testing.assert_allclose(b, a, rtol=1e-12)
     np.testing.assert_allclose(gaps, 0.0, atol=1e-9)
     assert [v.name for v in white.free_RVs] == [WHITE] and white[WHITE].owner.op.name == "flat"
+
+
+def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_the_draw():
+    """The C callbacks nutpie calls (:func:`compile_whitened`), called here through ctypes: the log density
+    at z equals the model's at u = mean + L z (up to the constant log |L|), its gradient equals L^T times
+    the model's gradient in u (chain rule), and the draw holds z and then the kept variables at u. A point
+    where the log density or its gradient is not finite returns the code by which nutpie rejects it. The whitening is data of the graph, not constants: two optima give one graph."""
+    import ctypes
+
+    import pytensor
+
+    model, _, _ = _decay_model()
+    mean, cov = np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])
+    white, keep = whitened_model(model, mean, cov)
+    compiled = compile_whitened(white, keep)
+    chol = np.linalg.cholesky(cov)
+    # the log density with its gradient in one function, as in the callback: the ODE solve with
+    # sensitivities steps differently from one without (log densities 1e-5 apart)
+    logp_dlogp = pytensor.function(model.value_vars, [model.logp(), *pytensor.grad(model.logp(), model.value_vars)])
+    outputs = pytensor.function(model.value_vars, model.replace_rvs_by_values([model[n] for n in keep]),
+                                on_unused_input="ignore")
+    double_p = ctypes.POINTER(ctypes.c_double)
+
+    def call_logp(z):
+        grad, value = np.zeros(2), np.zeros(1)
+        code = compiled.compiled_logp_func.ctypes(2, z.ctypes.data_as(double_p), grad.ctypes.data_as(double_p),
+                                                  value.ctypes.data_as(double_p), None)
+        return code, float(value[0]), grad
+
+    gaps = []
+    for z in np.random.default_rng(1).normal(size=(4, 2)):
+        u = mean + chol @ z
+        reference, *gradient = logp_dlogp(*u)
+        code, value, grad = call_logp(z)
+        assert code == 0
+        gaps.append(value - float(reference))
+        np.testing.assert_allclose(grad, chol.T @ np.array(gradient, float), rtol=1e-9, atol=1e-12)
+        draw = np.zeros(compiled.n_expanded)
+        assert compiled.compiled_expand_func.ctypes(2, compiled.n_expanded, z.ctypes.data_as(double_p),
+                                                    draw.ctypes.data_as(double_p), None) == 0
+        np.testing.assert_array_equal(draw[:2], z)
+        np.testing.assert_allclose(draw[2:], np.concatenate([np.ravel(a) for a in outputs(*u)]), rtol=1e-12)
+    np.testing.assert_allclose(gaps, gaps[0], atol=1e-9)
+    far = np.linalg.solve(chol, np.array([0.0, 1e300]) - mean)  # x(0) = 1e300: squared residuals overflow
+    assert call_logp(far)[0] in (3, 4)  # a gradient (3) or log density (4) not finite: nutpie rejects the point
+    other, _ = whitened_model(model, mean + 0.1, 2 * cov)
+    assert pytensor.graph.basic.equal_computations([white.logp()], [other.logp()]) is False  # other values
+    shared = {v.name for v in pytensor.graph.traversal.ancestors([other.logp()])
+              if isinstance(v, pytensor.compile.SharedVariable)}
+    assert {"pgpgm_white_mean", "pgpgm_white_chol"} <= shared
 
 
 def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():

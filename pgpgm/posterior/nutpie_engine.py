@@ -21,9 +21,13 @@ coordinates, and in the whitened ones what is left to adapt is what the Laplace 
 misses (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085, ESS 316
 from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
 
-nutpie compiles the model's log density into a C callback for every run: 6-17 s of the budget on the
-published cases (PyMC loads the same compiled function from PyTensor's cache in 0.2 s), most of it
-numba typing and linking the cached function into the callback.
+The whitened model is compiled into nutpie's two C callbacks for every run, inside the budget
+(:func:`compile_whitened`): PyTensor's functions of the log density and of a draw come from
+PyTensor's numba cache (the whitening and the data are shared variables: the functions compiled for
+one optimum serve the next), and numba links them into two small callbacks. What is left is
+PyTensor's graph rewriting and numba's linking: 5.0-5.7 s on Lotka-Volterra x1 and 6.5-7.6 s on
+Protein transduction (11.4 s on a cache miss), against 7.1-8.1 s and 13.0-15.1 s (13.6 and 18.0 s on a
+miss) for ``nutpie.compile_pymc_model`` on the same model (``./run.sh bench posterior --compile``).
 
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
@@ -91,9 +95,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     if whiten is None:
         compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
     else:
-        white, keep = whitened_model(model, *whiten)
-        compiled = nutpie.compile_pymc_model(white, initial_points={WHITE: np.zeros(len(whiten[0]))}, backend="numba",
-                                             jitter_rvs={white[WHITE]}, var_names=keep)
+        compiled = compile_whitened(*whitened_model(model, *whiten))
     n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
     steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
 
@@ -146,6 +148,7 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
 
     ``model``'s value variables must all be scalars (d of them, ``model.value_vars`` order)."""
     import pymc as pm
+    import pytensor
     import pytensor.tensor as pt
     from pytensor.graph.replace import graph_replace
 
@@ -158,13 +161,119 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     graphs = model.replace_rvs_by_values([model.logp(), *outputs])
     with pm.Model(coords=model.coords) as white:
         z = pm.Flat(WHITE, shape=len(values))
-        u = pt.as_tensor(np.asarray(mean, float)) + pt.as_tensor(chol) @ z
+        u = pytensor.shared(np.asarray(mean, float), name="pgpgm_white_mean") + pytensor.shared(chol, name="pgpgm_white_chol") @ z
         swap = {v: u[i] for i, v in enumerate(values)}
         pm.Potential("pgpgm_log_density", graph_replace(graphs[0], swap, strict=False))
         for var, graph in zip(outputs, graphs[1:]):
             pm.Deterministic(var.name, graph_replace(graph, swap, strict=False),
                              dims=model.named_vars_to_dims.get(var.name))
     return white, [var.name for var in outputs]
+
+
+def compile_whitened(white, keep: list[str]):
+    """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
+    and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
+    of nutpie's signature. Chains start at z ~ U(-1, 1) in every coordinate (nutpie's jitter of z = 0).
+
+    Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
+    figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
+    cache (the whitening and the data are shared variables, so a fit of new data or a new optimum
+    finds the functions compiled for the last one), and each callback is a few lines around them,
+    their shared values frozen in as constants. nutpie's own callbacks read the shared values from a
+    record at every call and check the outputs with NumPy's functions, which numba types afresh in
+    every run; they cost the more time.
+
+    Returns a ``nutpie.compile_pymc.CompiledPyMCModel``.
+    """
+    import numba
+    import pandas as pd
+    import pytensor
+    import pytensor.tensor as pt
+    from nutpie.compile_pymc import CompiledPyMCModel, make_user_data
+    from pymc.pytensorf import compile as compile_pymc
+    from pytensor.graph import clone_replace
+
+    z = white.rvs_to_values[white[WHITE]]
+    n_dim = int(z.type.shape[0])
+    x = pt.TensorType("float64", shape=(n_dim,))("x")
+    logp = white.logp()
+    kept = white.replace_rvs_by_values([white[name] for name in keep])
+    logp, grad, *kept = clone_replace([logp, pt.grad(logp, z), *[pt.as_tensor(v) for v in kept]], {z: x})
+    with white:
+        logp_fn = compile_pymc([x], [logp, grad], mode="NUMBA")
+        expand_fn = compile_pymc([x], [pt.concatenate([x, *[v.ravel() for v in kept]])], mode="NUMBA")
+    names = [WHITE, *keep]
+    shapes = [v.type.shape for v in kept]
+    if any(n is None for shape in shapes for n in shape):  # a length from the coords: known once evaluated
+        shapes = pytensor.function([x], [v.shape for v in kept], mode="FAST_COMPILE",
+                                   on_unused_input="ignore")(np.zeros(n_dim))
+    shapes = [(n_dim,), *[tuple(int(n) for n in shape) for shape in shapes]]
+    ends = np.cumsum([int(np.prod(shape)) for shape in shapes])
+    n_expanded = int(ends[-1])
+    logp_grad, expand = _of_x_alone(logp_fn), _of_x_alone(expand_fn)
+
+    def logp_c(dim, x_, out_, logp_, user_data_):  # nutpie's logp callback: 0, or why the point is rejected
+        if dim != n_dim:
+            return -1
+        try:
+            value, gradient = logp_grad(numba.carray(x_, (n_dim,)))
+        except Exception:  # noqa: BLE001 - a C callback cannot raise
+            return 1
+        logp_[0] = value[()]
+        for i in range(n_dim):
+            out_[i] = gradient[i]
+            if not np.isfinite(gradient[i]):
+                return 3
+        return 0 if np.isfinite(value[()]) else 4
+
+    def expand_c(dim, expanded, x_, out_, user_data_):  # nutpie's callback filling a draw of the trace
+        if dim != n_dim or expanded != n_expanded:
+            return -1
+        try:
+            (values,) = expand(numba.carray(x_, (n_dim,)))
+        except Exception:  # noqa: BLE001 - a C callback cannot raise
+            return -2
+        for i in range(n_expanded):
+            out_[i] = values[i]
+        return 0
+
+    types = numba.types
+    pointer = types.CPointer(types.double)
+    logp_cfunc = numba.cfunc(types.int64(types.uint64, pointer, pointer, pointer, types.voidptr))(logp_c)
+    expand_cfunc = numba.cfunc(types.int64(types.uint64, types.uint64, pointer, pointer, types.voidptr))(expand_c)
+    coords = {name: pd.Index(values if values is not None else range(int(white.dim_lengths[name].eval())))
+              for name, values in white.coords.items()}
+    coords["unconstrained_parameter"] = pd.Index([f"{WHITE}_{i}" for i in range(n_dim)])
+
+    def initial_point(seed) -> np.ndarray:
+        return np.random.default_rng(seed).uniform(-1.0, 1.0, n_dim)
+
+    return CompiledPyMCModel(
+        _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=coords, _shapes=dict(zip(names, shapes)),
+        compiled_logp_func=logp_cfunc, compiled_expand_func=expand_cfunc, initial_point_func=initial_point,
+        shared_data={}, shared_var_keys={}, user_data=make_user_data({}, {}), n_expanded=n_expanded,
+        shape_info=(names, [slice(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends)], shapes),
+        logp_func=logp_fn, expand_func=expand_fn, reparameterized_names=[])
+
+
+def _of_x_alone(fn):
+    """A numba function of x alone: PyTensor function ``fn``'s jitted core (inputs x and then ``fn``'s shared
+    variables) with the shared variables' present values frozen in as constants."""
+    import numba
+
+    core = fn.vm.jit_fn
+    shared = []
+    for var in fn.get_shared():
+        value = np.array(var.get_value(), order="C")
+        value.flags.writeable = False
+        shared.append(value)
+    shared = tuple(shared)
+
+    @numba.njit
+    def of_x(x):
+        return core(x, *shared)
+
+    return of_x
 
 
 def _quietly(get: Callable[[], xr.DataTree]) -> xr.DataTree:
