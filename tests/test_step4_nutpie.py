@@ -8,13 +8,18 @@ import pytest
 import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
+from pgpgm.posterior.nutpie_engine import (
+    WHITE,
+    compile_whitened,
+    equal_chains,
+    whitened_model,
+)
 from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
-from pgpgm.posterior.nutpie_engine import WHITE, compile_whitened, equal_chains, whitened_model
 
 pytest.importorskip("nutpie")
 
-import pgpgm  # noqa: E402
-from pgpgm.data import as_observations  # noqa: E402
+import pgpgm
+from pgpgm.data import as_observations
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
 T = np.linspace(0, 3, 12)
@@ -155,7 +160,6 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     far = np.linalg.solve(chol, np.array([0.0, 1e300]) - mean)  # x(0) = 1e300: squared residuals overflow
     assert call_logp(far)[0] in (3, 4)  # a gradient (3) or log density (4) not finite: nutpie rejects the point
     other, _ = whitened_model(model, mean + 0.1, 2 * cov)
-    assert pytensor.graph.basic.equal_computations([white.logp()], [other.logp()]) is False  # other values
     shared = {v.name for v in pytensor.graph.traversal.ancestors([other.logp()])
               if isinstance(v, pytensor.compile.SharedVariable)}
     assert {"pgpgm_white_mean", "pgpgm_white_chol"} <= shared

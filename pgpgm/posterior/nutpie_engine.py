@@ -149,7 +149,6 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     ``model``'s value variables must all be scalars (d of them, ``model.value_vars`` order)."""
     import pymc as pm
     import pytensor
-    import pytensor.tensor as pt
     from pytensor.graph.replace import graph_replace
 
     values = list(model.value_vars)
@@ -161,7 +160,9 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     graphs = model.replace_rvs_by_values([model.logp(), *outputs])
     with pm.Model(coords=model.coords) as white:
         z = pm.Flat(WHITE, shape=len(values))
-        u = pytensor.shared(np.asarray(mean, float), name="pgpgm_white_mean") + pytensor.shared(chol, name="pgpgm_white_chol") @ z
+        # shared, not constants: the log density of every optimum is one graph (PyTensor's numba cache serves it)
+        shift = pytensor.shared(np.asarray(mean, float), name="pgpgm_white_mean")
+        u = shift + pytensor.shared(chol, name="pgpgm_white_chol") @ z
         swap = {v: u[i] for i, v in enumerate(values)}
         pm.Potential("pgpgm_log_density", graph_replace(graphs[0], swap, strict=False))
         for var, graph in zip(outputs, graphs[1:]):
@@ -262,12 +263,9 @@ def _of_x_alone(fn):
     import numba
 
     core = fn.vm.jit_fn
-    shared = []
-    for var in fn.get_shared():
-        value = np.array(var.get_value(), order="C")
-        value.flags.writeable = False
-        shared.append(value)
-    shared = tuple(shared)
+    shared = tuple(np.array(var.get_value(), order="C") for var in fn.get_shared())
+    for value in shared:
+        value.flags.writeable = False  # numba freezes read-only arrays as constants of the callback
 
     @numba.njit
     def of_x(x):
