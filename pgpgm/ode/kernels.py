@@ -41,8 +41,8 @@ class ModelKernels:
     rhs(t, x (S,), theta (P,), out (S,)); jac_x(t, x, theta, out (S, S));
     jac_p(t, x, theta, out (S, P)) (the Jacobians write only their nonzero entries: pass
     ``out`` zeroed); rhs_grid(t (N,), x (N, S), theta, out (N, S));
-    aug_rhs(t, y (S*(1+K),), theta, out) for the sensitivity system; aug_jac_colmajor(t, y, theta,
-    m (S*(1+K), S*(1+K))) its Newton matrix's Jacobian, column-major.
+    aug_rhs(t, y (S*(1+K),), theta, out) for the sensitivity system (its Newton matrix's Jacobian is
+    written by :mod:`pgpgm.solve.cvode`'s callback).
     ``key`` names the cached module ``module`` (:mod:`pgpgm.codegen.cache`), whose functions the
     layers above import by that name.
     """
@@ -54,7 +54,6 @@ class ModelKernels:
     jac_p: Any
     rhs_grid: Any
     aug_rhs: Any
-    aug_jac_colmajor: Any
     key: str
     module: str
 
@@ -95,18 +94,6 @@ def aug_rhs(tt, y, p, out):
             for j in range(S):
                 acc += jx_[i, j] * y[base + j]
             out[base + i] = acc
-
-
-@numba.njit(**_JIT)
-def aug_jac_colmajor(tt, y, p, m):
-    # m is the (n, n) dense matrix viewed column-major: m[j, i] = dF_i/dy_j.
-    jx_ = np.zeros((S, S))
-    jac_x(tt, y[:S], p, jx_)
-    for blk in range(K + 1):
-        base = blk * S
-        for i in range(S):
-            for j in range(S):
-                m[base + j, base + i] = jx_[i, j]
 '''
 
 
@@ -138,4 +125,4 @@ def compile_kernels(system: ODESystem) -> ModelKernels:
     key = cache.source_key(source)
     mod = cache.load_module(source, key)
     return ModelKernels(system.n_states, system.n_parameters, mod.rhs, mod.jac_x, mod.jac_p, mod.rhs_grid,
-                        mod.aug_rhs, mod.aug_jac_colmajor, key, mod.__name__)
+                        mod.aug_rhs, key, mod.__name__)

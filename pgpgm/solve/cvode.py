@@ -1,6 +1,6 @@
 """SUNDIALS CVODE with compiled callbacks: no Python between the solver and the model.
 
-CVODE (BDF, dense Newton) is driven through ctypes (:mod:`pgpgm.solve.sundials`); the
+CVODE (BDF, Newton with a dense matrix, or a band one for the sensitivity system) is driven through ctypes (:mod:`pgpgm.solve.sundials`); the
 right-hand side and its Jacobian are numba C callbacks (:func:`cvode_callbacks`, built on the
 model's kernels of :mod:`pgpgm.ode.kernels` and cached on disk beside them). One
 numba function, :func:`cvode_kernel`, does a whole solve - create the CVODE memory, set
@@ -55,6 +55,13 @@ class CVODE(Solver):
         return CompiledCvodeEngine.for_system(system, size, augmented, self)
 
 
+def aug_half_band(n_states: int) -> int:
+    """The half-bandwidth of the sensitivity system's Newton matrix (S (1 + K) states): its Jacobian is
+    block diagonal, K + 1 copies of the S x S state Jacobian (the simultaneous corrector's approximation,
+    which drops the sensitivities' coupling to the states), so S - 1."""
+    return n_states - 1
+
+
 @dataclass(frozen=True)
 class CompiledCvodeEngine:
     """The compiled CVODE solve of one system (plain or augmented with sensitivities).
@@ -65,6 +72,8 @@ class CompiledCvodeEngine:
     n : states of the solved system (S, or S (1 + P + S) when augmented)
     solver : the tolerances and step budget
     callbacks : the object owning the callbacks (kept alive with the engine)
+    half_band : -1 for a dense Newton matrix (the plain system), S - 1 for the augmented system's
+        block-diagonal band (:func:`cvode_kernel`)
     """
 
     rhs: int
@@ -72,6 +81,7 @@ class CompiledCvodeEngine:
     n: int
     solver: CVODE
     callbacks: object
+    half_band: int = -1
 
     @classmethod
     def for_system(cls, system: ODESystem, n: int, aug: bool, solver: CVODE) -> CompiledCvodeEngine:
@@ -79,7 +89,8 @@ class CompiledCvodeEngine:
         cb = cvode_callbacks(system.compiled)
         if cb is None:
             raise ODESolveError("the compiled CVODE callbacks are unavailable (SUNDIALS did not load)")
-        return cls(cb.aug_rhs if aug else cb.rhs, cb.aug_jac if aug else cb.jac, int(n), solver, cb)
+        return cls(cb.aug_rhs if aug else cb.rhs, cb.aug_jac if aug else cb.jac, int(n), solver, cb,
+                   aug_half_band(system.n_states) if aug else -1)
 
     def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
         """States (N, n) at ``times`` (N,) from ``y0`` (n,) at ``times[0]``, stopping and restarting
@@ -88,9 +99,11 @@ class CompiledCvodeEngine:
         s = self.solver
         kernel = cvode_kernel()
         if breaks is None or breaks.size == 0:  # one array fewer to unbox: a smooth model's solve as before
-            flag, i, t = _solve_smooth(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out)
+            flag, i, t = _solve_smooth(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out,
+                                       self.half_band)
         else:
-            flag, i, t = kernel(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out, breaks)
+            flag, i, t = kernel(self.rhs, self.jac, s.rtol, s.atol, s.max_steps, times, theta, y0, out, breaks,
+                                self.half_band)
         if flag < 0:
             hint = ""
             if flag == sundials.CV_TOO_MUCH_WORK:
@@ -112,7 +125,7 @@ def flag_name(flag: int) -> str:
 def cvode_kernel():
     """The compiled solve (cached on disk by numba; SUNDIALS is linked into the process first).
 
-    ``cvode_kernel()(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks)``
+    ``cvode_kernel()(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks, half_band)``
     integrates the system whose callbacks are at addresses ``rhs``, ``jac`` from ``y0`` (n,)
     at ``times[0]`` with parameters ``theta`` (P,), writes the states at ``times`` (N,) into
     ``out`` (N, n) and returns ``(flag, index, t)``: flag >= 0 on success, else CVODE's
@@ -128,6 +141,10 @@ def cvode_kernel():
     its step history. Forward sensitivities, integrated in the same (augmented) state vector,
     restart with it: a switch at a fixed time makes them continuous. With no breaks the
     solve is the one without this feature, call for call.
+
+    ``half_band`` < 0: the Newton matrix is dense (n x n, the plain system's ``jac``); >= 0: a band
+    matrix of that lower and upper half-bandwidth (the sensitivity system's ``aug_jac`` writes its
+    block diagonal, S - 1 wide: :data:`AUG_HALF_BAND`), factored in O(n S^2) rather than O(n^3).
     """
     if not native.link_sundials():
         raise ODESolveError("SUNDIALS CVODE is not available here; use pgpgm.default_solver()")
@@ -135,13 +152,13 @@ def cvode_kernel():
 
 
 @numba.njit(cache=True)
-def _solve_smooth(rhs, jac, rtol, atol, max_steps, times, theta, y0, out):
+def _solve_smooth(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, half_band):
     """:func:`_solve` without breaks (SUNDIALS must be linked: call :func:`cvode_kernel` first)."""
-    return _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, np.empty(0))
+    return _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, np.empty(0), half_band)
 
 
 @numba.njit(cache=True)
-def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks):
+def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks, half_band):
     """See :func:`cvode_kernel` (SUNDIALS must be linked: call that first)."""
     n, N, P = y0.shape[0], times.shape[0], theta.shape[0]
     # scratch: the parameters (CVODE's user data, read by the callbacks) and, last, the
@@ -157,8 +174,12 @@ def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks):
     nat.SUNContext_ClearErrHandlers(ctx)  # errors come back as flags, not as text on stderr
     y = nat.N_VNew_Serial(n, ctx)
     mem = nat.CVodeCreate(_BDF, ctx)
-    A = nat.SUNDenseMatrix(n, n, ctx)
-    LS = nat.SUNLinSol_Dense(y, A, ctx) if (y != 0 and A != 0) else 0
+    if half_band < 0:
+        A = nat.SUNDenseMatrix(n, n, ctx)
+        LS = nat.SUNLinSol_Dense(y, A, ctx) if (y != 0 and A != 0) else 0
+    else:
+        A = nat.SUNBandMatrix(n, half_band, half_band, ctx)
+        LS = nat.SUNLinSol_Band(y, A, ctx) if (y != 0 and A != 0) else 0
     handles[1] = mem
     flag = SETUP_FAILED
     index = 0
@@ -244,7 +265,7 @@ import numpy as np
 from numba import types
 
 from pgpgm.solve import native as _nat
-from {module} import aug_jac_colmajor, aug_rhs, jac_x, rhs
+from {module} import aug_rhs, jac_x, rhs
 
 S, P = {S}, {P}
 K = P + S
@@ -294,13 +315,24 @@ if CVODE:
 
     @numba.cfunc(_JAC_SIG, **_JIT)
     def cvode_aug_jac(t, y_, fy_, m_, p_, t1, t2, t3):
-        y = numba.carray(_nat.N_VGetArrayPointer(y_), (N_AUG,))
-        m = numba.carray(_nat.SUNDenseMatrix_Data(m_), (N_AUG, N_AUG))
-        aug_jac_colmajor(t, y, numba.carray(p_, (PP,)), m)
-        for j in range(S):  # the first block holds every distinct entry
-            for i in range(S):
-                if not np.isfinite(m[j, i]):
+        # a band matrix of half-bandwidth S - 1 (zeroed by CVODE): entry (r, c) of column c lies at
+        # data[c * ldim + smu + r - c]; K + 1 copies of the state Jacobian on the block diagonal
+        y = numba.carray(_nat.N_VGetArrayPointer(y_), (S,))
+        ldim = _nat.SUNBandMatrix_LDim(m_)
+        smu = _nat.SUNBandMatrix_StoredUpperBandwidth(m_)
+        data = numba.carray(_nat.SUNBandMatrix_Data(m_), (N_AUG * ldim,))
+        jx_ = np.zeros((S, S))
+        jac_x(t, y, numba.carray(p_, (PP,)), jx_)
+        for i in range(S):
+            for j in range(S):
+                if not np.isfinite(jx_[i, j]):
                     return 1
+        for blk in range(K + 1):
+            base = blk * S
+            for j in range(S):
+                col = (base + j) * ldim + smu
+                for i in range(S):
+                    data[col + i - j] = jx_[i, j]
         return 0
 '''
 

@@ -34,7 +34,7 @@ from numba.extending import intrinsic
 
 from ..errors import DataError, ODESolveError
 from . import native
-from .cvode import CVODE, NON_FINITE, cvode_callbacks, cvode_kernel
+from .cvode import CVODE, NON_FINITE, aug_half_band, cvode_callbacks, cvode_kernel
 
 if TYPE_CHECKING:
     from .op import ODEOp
@@ -73,15 +73,21 @@ def _solve_counter(symbol: str) -> np.ndarray:
     return _COUNTERS[symbol]
 
 
+#: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
+#: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
+CODE_VERSION = 2
+
+
 def cache_key(op: ODEOp) -> str:
     """What identifies the compiled function of ``op`` across processes: the system's kernel
-    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget and flags."""
+    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget and
+    flags, and :data:`CODE_VERSION`."""
     it = op.integrator
     s = it.solver
     h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(it.breakpoints, dtype=np.float64).tobytes())
     h.update(repr((it.system.compiled.key, float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
-                   op.on_failure)).encode())
+                   op.on_failure, CODE_VERSION)).encode())
     return h.hexdigest()[:24]
 
 
@@ -123,6 +129,7 @@ def numba_ode_function(op: ODEOp):
     breaks = np.ascontiguousarray(it.breakpoints, dtype=np.float64)
     raise_on_failure = op.on_failure == "raise"
     sensitivities = op.sensitivities
+    half_band = aug_half_band(S) if sensitivities else -1
 
     @numba.njit
     def augmented_solve(theta, x0):
@@ -141,7 +148,7 @@ def numba_ode_function(op: ODEOp):
             _atomic_increment(native.symbol_address(counter_symbol))
             flag, _, t_reached = kernel(native.symbol_address(rhs_symbol), native.symbol_address(jac_symbol), rtol,
                                         atol, max_steps, times, np.ascontiguousarray(theta), y0, out,
-                                        breaks)
+                                        breaks, half_band)
         if flag < 0:
             if raise_on_failure:
                 raise ODESolveError("CVODE failed in ODEOp (flag, time reached):", flag, t_reached)

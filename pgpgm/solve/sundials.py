@@ -8,13 +8,13 @@ Where the libraries are looked for, in this order:
 2. ``$CONDA_PREFIX/lib`` and ``sys.prefix/lib`` (conda-forge ``sundials``), and
    ``Library/bin`` below both on Windows.
 
-The five libraries (``core``, ``nvecserial``, ``sunmatrixdense``, ``sunlinsoldense``,
-``cvode``) must all lie in one folder; their names may carry a wheel's hash suffix and a
+The seven libraries (``core``, ``nvecserial``, ``sunmatrixdense``, ``sunlinsoldense``,
+``sunmatrixband``, ``sunlinsolband``, ``cvode``) must all lie in one folder; their names may carry a wheel's hash suffix and a
 version (``libsundials_cvode-cf29dc23.so.7.9.0``, ``libsundials_cvode.7.dylib``,
 ``sundials_cvode.dll``). The SUNDIALS version is read from ``libsundials_core`` when it is
 loaded and any major version other than 7 is refused: the signatures below are SUNDIALS 7's.
 
-Only the handful of functions the dense BDF driver needs are bound. Index arguments are
+Only the handful of functions the BDF driver needs (dense and band Newton matrices) are bound. Index arguments are
 passed as 64-bit integers, which is correct for both 32- and 64-bit ``sunindextype`` builds
 under the x86-64 and AArch64 calling conventions.
 
@@ -37,7 +37,7 @@ from types import SimpleNamespace
 
 from ..errors import BackendWarning
 
-LIBRARIES = ("core", "nvecserial", "sunmatrixdense", "sunlinsoldense", "cvode")
+LIBRARIES = ("core", "nvecserial", "sunmatrixdense", "sunlinsoldense", "sunmatrixband", "sunlinsolband", "cvode")
 SUPPORTED_MAJOR = 7
 INSTALL_HINT = "install scikit-sundae>=1.1,<1.3 (pip) or sundials>=7,<8 (conda-forge)"
 
@@ -53,6 +53,11 @@ _SIGNATURES = {
     "SUNDenseMatrix_Data": (ctypes.POINTER(_real), [_vp]),
     "SUNMatDestroy": (None, [_vp]),
     "SUNLinSol_Dense": (_vp, [_vp, _vp, _vp]),
+    "SUNBandMatrix": (_vp, [_idx, _idx, _idx, _vp]),
+    "SUNBandMatrix_Data": (ctypes.POINTER(_real), [_vp]),
+    "SUNBandMatrix_LDim": (_idx, [_vp]),
+    "SUNBandMatrix_StoredUpperBandwidth": (_idx, [_vp]),
+    "SUNLinSol_Band": (_vp, [_vp, _vp, _vp]),
     "SUNLinSolFree": (_int, [_vp]),
     "CVodeCreate": (_vp, [_int, _vp]),
     "CVodeInit": (_int, [_vp, _vp, _real, _vp]),
@@ -177,7 +182,7 @@ def load() -> tuple[SundialsStatus, dict | None, tuple[ctypes.CDLL, ...]]:
             continue
         seen_dir, seen_version = str(d), None
         if missing:
-            problems.append(f"{d} lacks {', '.join(missing)} (SUNDIALS 7 has all five)")
+            problems.append(f"{d} lacks {', '.join(missing)} (SUNDIALS 7 has all of them)")
             continue
         try:
             if hasattr(os, "add_dll_directory"):  # Windows: let the DLLs find each other
