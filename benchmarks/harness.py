@@ -302,6 +302,16 @@ def published(key: str, seed: int = 0, **extra: Any) -> Published:
     return Published(key, spec, case, spec.simulate(case_name, seed=seed), options)
 
 
+#: the rates of the linear chain of 10 states (issue 30's runaway case; ``runaways.py``, ``ode_solve.py``)
+CHAIN_RATES = (1.0, 0.5, 2.0, 0.8, 1.5, 0.6, 1.2, 0.9, 1.8, 0.7)
+
+
+def chain_system() -> pgpgm.ODESystem:
+    """The linear chain of 10 states, x1 -> x2 -> ... -> x10, rates k1..k10 (:data:`CHAIN_RATES`)."""
+    eqs = {"x1": "-k1*x1", **{f"x{i}": f"k{i - 1}*x{i - 1} - k{i}*x{i}" for i in range(2, 11)}}
+    return pgpgm.ODESystem.from_equations(eqs, [f"k{i}" for i in range(1, 11)], name="chain10")
+
+
 def case_keys(text: str | None, default: list[str] | None = None) -> list[str]:
     """Comma-separated case keys (``lv-x1,fhn-R`` or ``model:case``); ``all``: every published case."""
     if not text:

@@ -49,14 +49,7 @@ import pgpgm
 CASES = ("repr", "chain10", "lv-x2-ln", "fhn-wrong")
 #: issue 29's wrong optimum of FitzHugh-Nagumo R observed (data seed 0)
 WRONG_THETA = (1.518, 2.421, 1.643)
-CHAIN_RATES = (1.0, 0.5, 2.0, 0.8, 1.5, 0.6, 1.2, 0.9, 1.8, 0.7)
 CHAIN_OBSERVED = ("x2", "x4", "x6", "x8", "x10")
-
-
-def chain_system() -> pgpgm.ODESystem:
-    """The linear chain of 10 states."""
-    eqs = {"x1": "-k1*x1", **{f"x{i}": f"k{i - 1}*x{i - 1} - k{i}*x{i}" for i in range(2, 11)}}
-    return pgpgm.ODESystem.from_equations(eqs, [f"k{i}" for i in range(1, 11)], name="chain10")
 
 
 def fit_case(name: str, **kw):
@@ -73,10 +66,10 @@ def fit_case(name: str, **kw):
         return pgpgm.fit(spec.system, data, c.observed, kernel=c.kernel, gamma=c.gamma,
                          priors=spec.priors("proteins-observed"), seed=0, progressbar=False, **kw)
     if name == "chain10":
-        system = chain_system()
+        system = harness.chain_system()
         x0 = np.zeros(10)
         x0[0] = 10.0
-        data = pgpgm.simulate(system, np.array(CHAIN_RATES), x0, np.linspace(0.0, 20.0, 50),
+        data = pgpgm.simulate(system, np.array(harness.CHAIN_RATES), x0, np.linspace(0.0, 20.0, 50),
                               observed=list(CHAIN_OBSERVED), snr=100.0, seed=0)
         return pgpgm.fit(system, data, list(CHAIN_OBSERVED), seed=0, progressbar=False, **kw)
     if name == "fhn-wrong":
