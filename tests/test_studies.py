@@ -148,7 +148,9 @@ def test_theoph_population_beside_the_published_nlme_fit():
 def test_joint_optimum_reproduced():
     stored = _load("studies_reference_joint.json")
     y = np.array(stored["y"])
-    np.testing.assert_array_equal(y, ref.joint_data(stored["seed"]))
+    # the data again from the seed: equal to the last bit or two (the closed form's exp is NumPy's, whose
+    # SIMD code differs by an ulp between CPUs: 2e-16 relative on 4 of 33 values on another machine)
+    np.testing.assert_allclose(y, ref.joint_data(stored["seed"]), rtol=1e-14, atol=0.0)
     best = stored["joint"]
     assert best["n_at_best"] >= 20
     q = np.log([best["ka"], best["ke"], best["CL"]])
