@@ -356,9 +356,7 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
     ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior.nutpie_engine", None): "posterior.py --compile: the whitened step-4 model and its compilation "
-                                             "for nutpie, timed three ways; paper.py --variants nutpie-refined:500: "
-                                             "its compile_whitened wrapped for one fit, the whitening not moved to "
-                                             "the mode (the engine before recentre), beside the default",
+                                             "for nutpie, timed three ways",
     ("pgpgm.posterior.nuts", "seed_metric"): "posterior.py --compile: the Laplace approximation that whitens the model",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
     ("pgpgm.posterior", "problems"): "posterior.py: whether a trace passes step 4's checks",

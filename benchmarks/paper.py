@@ -12,9 +12,7 @@ so an interrupted run still covers every case; each row is also appended to
 mass matrix ``pgpgm.NUTS(metric=...)``: ``adapt`` (the default) or ``laplace``, and tuning iterations per
 chain; an optional third field, ``adapt:500:2``, sets ``pgpgm.NUTS(cores=...)``, the chain processes:
 fewer than the chains run them in waves), one after the other, so that the variants are compared side by
-side under the same load. ``nutpie:500`` runs nutpie (whitened at the density's mode);
-``nutpie-refined:500`` nutpie whitened by the refinement's Laplace approximation as given, as before
-the mode search (``pgpgm.posterior.nutpie_engine.recentre``).
+side under the same load.
 
     ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases lv-x1,fhn-R|all] [--variants adapt:500]
                          [--out paper]
@@ -61,18 +59,6 @@ def row(case: harness.Published, seed: int, r) -> dict:
             "modes": len(json.loads(attrs.get("pgpgm_modes", "[]")))}
 
 
-def fit_refined_whitening(case, seed: int):
-    """``case``'s fit with nutpie whitened as before the whitening moved to the density's mode (the
-    refinement's Laplace approximation as given: ``compile_whitened(..., to_mode=False)``)."""
-    module = harness.private("pgpgm.posterior.nutpie_engine")
-    real = module.compile_whitened
-    module.compile_whitened = lambda white, keep: real(white, keep, to_mode=False)
-    try:
-        return case.fit(seed=seed)
-    finally:
-        module.compile_whitened = real
-
-
 def main() -> None:
     ap = harness.parser(__doc__, "paper")
     ap.add_argument("--seeds", type=int, default=5, help="number of noise seeds")
@@ -80,8 +66,7 @@ def main() -> None:
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
                     help="comma-separated METRIC:TUNE[:CORES] step-4 variants (METRIC adapt, laplace, or nutpie / auto: "
-                         "that engine; nutpie-refined: nutpie whitened by the refinement's Laplace approximation, "
-                         "not moved to the mode), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
+                         "that engine), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
     a = ap.parse_args()
     variants = [None] if not a.variants else [(v.split(":")[0], int(v.split(":")[1]),
@@ -95,11 +80,10 @@ def main() -> None:
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         for key, variant in ((k, v) for k in keys for v in variants):
             extra = {} if variant is None else {"posterior": (
-                pgpgm.NUTS(tune=variant[1], sampler=variant[0].split("-")[0], cores=variant[2])
-                if variant[0] in ("nutpie", "auto", "nutpie-refined") else
+                pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2]) if variant[0] in ("nutpie", "auto") else
                 pgpgm.NUTS(tune=variant[1], metric=variant[0], cores=variant[2]))}
             case = harness.published(key, seed=seed, **extra)
-            r = fit_refined_whitening(case, seed) if variant and variant[0] == "nutpie-refined" else case.fit(seed=seed)
+            r = case.fit(seed=seed)
             label = None if variant is None else ":".join(str(v) for v in variant if v is not None)
             rows.append(row(case, seed, r) | ({} if variant is None else {"variant": label}))
             print(rows[-1], flush=True)

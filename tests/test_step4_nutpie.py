@@ -12,7 +12,6 @@ from pgpgm.posterior.nutpie_engine import (
     WHITE,
     compile_whitened,
     equal_chains,
-    recentre,
     whitened_model,
 )
 from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
@@ -129,7 +128,7 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     model, _, _ = _decay_model()
     mean, cov = np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])
     white, keep = whitened_model(model, mean, cov)
-    compiled = compile_whitened(white, keep, to_mode=False)  # the whitening as given (recentre: below)
+    compiled = compile_whitened(white, keep)
     chol = np.linalg.cholesky(cov)
     # the log density with its gradient in one function, as in the callback: the ODE solve with
     # sensitivities steps differently from one without (log densities 1e-5 apart)
@@ -164,45 +163,6 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     shared = {v.name for v in pytensor.graph.traversal.ancestors([other.logp()])
               if isinstance(v, pytensor.compile.SharedVariable)}
     assert {"pgpgm_white_mean", "pgpgm_white_chol"} <= shared
-
-
-def _gaussian_model(centre, precision, flat_in_y: bool = False):
-    """Two flat scalars x, y under the potential of N(centre, precision^-1) (only x's term: ``flat_in_y``)."""
-    import pymc as pm
-    import pytensor.tensor as pt
-
-    with pm.Model() as model:
-        x, y = pm.Flat("x"), pm.Flat("y")
-        d = pt.stack([x, y]) - centre
-        pm.Potential("gauss", -0.5 * (precision[0, 0] * d[0] ** 2 if flat_in_y else d @ precision @ d))
-    return model
-
-
-def test_recentre_moves_the_whitening_to_the_mode_and_the_curvature_there():
-    """compile_whitened first moves the whitening to the Laplace approximation at the density's mode: on a
-    Gaussian density, from a whitening far off (mean 0, covariance 4 I) it finds the Gaussian's mean and
-    covariance (the Hessian by differences of the gradient: exact on a quadratic, to rounding), so that z = 0
-    is the mode and the whitened density is N(0, I). Where the density has no mode (flat in y) the
-    whitening is left as given."""
-    centre = np.array([3.0, -1.5])
-    cov = np.array([[0.25, 0.2], [0.2, 0.5]])
-    white, keep = whitened_model(_gaussian_model(centre, np.linalg.inv(cov)), np.zeros(2), 4.0 * np.eye(2))
-    compiled = compile_whitened(white, keep)
-    shared = {v.name: v.get_value() for v in compiled.logp_func.get_shared()}
-    np.testing.assert_allclose(shared["pgpgm_white_mean"], centre, atol=1e-6)
-    chol = shared["pgpgm_white_chol"]
-    np.testing.assert_allclose(chol @ chol.T, cov, rtol=1e-6)
-    value, gradient = compiled.logp_func(np.zeros(2))
-    np.testing.assert_allclose(gradient, 0.0, atol=1e-6)
-    z = np.array([0.7, -1.2])  # whitened N(0, I): log density -|z|^2 / 2 below the mode's
-    np.testing.assert_allclose(compiled.logp_func(z)[0] - value, -0.5 * z @ z, rtol=1e-6)
-
-    white, keep = whitened_model(_gaussian_model(centre, np.linalg.inv(cov), flat_in_y=True), np.zeros(2),
-                                 4.0 * np.eye(2))
-    assert not recentre(compile_whitened(white, keep, to_mode=False).logp_func, 2)
-    shared = {v.name: v.get_value() for v in compile_whitened(white, keep).logp_func.get_shared()}
-    np.testing.assert_array_equal(shared["pgpgm_white_mean"], [0.0, 0.0])
-    np.testing.assert_array_equal(shared["pgpgm_white_chol"], 2.0 * np.eye(2))
 
 
 def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():

@@ -14,8 +14,7 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
 :func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
-model's value variables): :func:`whitened_model`, moved before sampling to the Laplace approximation at
-the mode of the sampled density itself (:func:`recentre`). nutpie's own metric is diagonal (adapted from the
+model's value variables): :func:`whitened_model`. nutpie's own metric is diagonal (adapted from the
 draws' and the gradients' spread) plus, with :data:`ADAPTATION`, a low-rank correction; on the
 correlated, ridge-shaped posteriors of ODE parameters it needs long trajectories in the original
 coordinates, and in the whitened ones what is left to adapt is what the Laplace approximation
@@ -172,12 +171,10 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     return white, [var.name for var in outputs]
 
 
-def compile_whitened(white, keep: list[str], to_mode: bool = True):
+def compile_whitened(white, keep: list[str]):
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
     of nutpie's signature. Chains start at z ~ U(-1, 1) in every coordinate (nutpie's jitter of z = 0).
-    ``to_mode``: first move the whitening to the Laplace approximation at the mode of the density
-    (:func:`recentre`).
 
     Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
     figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
@@ -206,8 +203,6 @@ def compile_whitened(white, keep: list[str], to_mode: bool = True):
     with white:
         logp_fn = compile_pymc([x], [logp, grad], mode="NUMBA")
         expand_fn = compile_pymc([x], [pt.concatenate([x, *[v.ravel() for v in kept]])], mode="NUMBA")
-    if to_mode:
-        recentre(logp_fn, n_dim)
     names = [WHITE, *keep]
     shapes = [v.type.shape for v in kept]
     if any(n is None for shape in shapes for n in shape):  # a length from the coords: known once evaluated
@@ -260,69 +255,6 @@ def compile_whitened(white, keep: list[str], to_mode: bool = True):
         shared_data={}, shared_var_keys={}, user_data=make_user_data({}, {}), n_expanded=n_expanded,
         shape_info=(names, [slice(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends)], shapes),
         logp_func=logp_fn, expand_func=expand_fn, reparameterized_names=[])
-
-
-#: the mode search of :func:`recentre`: at most this many L-BFGS iterations (each one or a few gradients)
-MODE_ITERATIONS = 200
-
-
-def recentre(logp_fn, n_dim: int) -> bool:
-    """Move the whitening of ``logp_fn`` (a function z -> (log density, gradient) of :func:`whitened_model`'s
-    coordinates, u = m + L z, m and L the shared variables ``pgpgm_white_mean`` and ``pgpgm_white_chol``)
-    to the Laplace approximation at the mode of the density itself: m' = m + L z*, L' = L chol(H^-1), z*
-    the mode (L-BFGS from z = 0, at most :data:`MODE_ITERATIONS` iterations) and H the Hessian of -log p
-    there (central differences of the gradient, 2 n_dim evaluations). Returns whether it moved: not where
-    the search fails or H is not positive definite, or nearly singular (condition number above 1e10); then
-    the whitening stays the refinement's.
-
-    The refinement's approximation is taken at the least-squares optimum in the parameters' own
-    coordinates; the sampler's density adds the priors and the transforms' Jacobians, and where a refined
-    value lies on a bound of its box the approximation has no derivative there (a diagonal of 1s is all
-    it gives). On the large-noise Lotka-Volterra fits (seeds 0, 2, 3 of ``benchmarks/paper.py``) the
-    refinement's whitening lay 2.4-4.5 whitened sds from the mode, and the Laplace covariance at the mode
-    had eigenvalues from ~0 (a refined value on the bound) or 0.003 up to 2-11 in its coordinates; on
-    protein transduction 0.65-1.8 (there the two agree)."""
-    from scipy.optimize import minimize
-
-    def negative(z):
-        value, gradient = logp_fn(np.asarray(z, float))
-        value, gradient = float(value), np.asarray(gradient, float)
-        if not (np.isfinite(value) and np.all(np.isfinite(gradient))):
-            return np.inf, np.zeros(n_dim)
-        return -value, -gradient
-
-    start = negative(np.zeros(n_dim))[0]
-    if not np.isfinite(start):
-        return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        found = minimize(negative, np.zeros(n_dim), jac=True, method="L-BFGS-B",
-                         options={"maxiter": MODE_ITERATIONS})
-    z = np.asarray(found.x, float)
-    if not (np.all(np.isfinite(z)) and np.isfinite(found.fun) and found.fun <= start):
-        return False
-    step = 1e-5 * np.maximum(1.0, np.abs(z))
-    hessian = np.empty((n_dim, n_dim))
-    for i in range(n_dim):
-        e = np.zeros(n_dim)
-        e[i] = step[i]
-        hessian[:, i] = (negative(z + e)[1] - negative(z - e)[1]) / (2 * step[i])
-    hessian = (hessian + hessian.T) / 2
-    if not np.all(np.isfinite(hessian)):
-        return False
-    curvatures = np.linalg.eigvalsh(hessian)
-    if curvatures[0] <= 1e-10 * curvatures[-1]:  # flat in some direction (or a saddle): no Laplace approximation
-        return False
-    try:
-        inner = np.linalg.cholesky(np.linalg.inv(hessian))  # raises where H is not positive definite
-    except np.linalg.LinAlgError:
-        return False
-    shared = {var.name: var for var in logp_fn.get_shared()}
-    mean, chol = shared["pgpgm_white_mean"], shared["pgpgm_white_chol"]
-    old = np.asarray(chol.get_value(), float)
-    mean.set_value(np.asarray(mean.get_value(), float) + old @ z)
-    chol.set_value(old @ inner)
-    return True
 
 
 def _of_x_alone(fn):
