@@ -6,9 +6,9 @@ each (no reuse of a solver's last result); the backends interleaved round by rou
 Then the solve with forward sensitivities (what every step-4 gradient and step-3 Jacobian costs) on
 the main job's FitzHugh-Nagumo and on larger systems - protein transduction (5 states), the
 repressilator (6), the 10-state linear chain of ``runaways.py`` - at their published or runaway
-settings; with ``--before REF`` (a git commit or
-a folder holding ``pgpgm/``) each round also times the same solves with REF's package in a
-subprocess, so that a change of the solver is measured side by side in one run.
+settings; with ``--before REF`` (a git commit or a folder holding ``pgpgm/``) each round also times
+the same solves with REF's package in a subprocess, so that a change of the solver is measured side
+by side in one run.
 
     ./run.sh bench ode_solve [--rounds 5] [--repeat 200] [--before REF]
 """
@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--before", help="a git commit or folder: its package's larger sensitivity solves beside today's")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.worker:
-        return worker(max(a.repeat // 4, 10))
+    if a.worker:  # one round for --before: ``--repeat`` is the solves per system
+        return worker(a.repeat)
     env = harness.environment()
     spec = pgpgm.load_model("lotka-volterra")
     case = spec.case()
@@ -109,16 +109,20 @@ def main() -> None:
     now: dict[str, list[float]] = {k: [] for k in larger}
     then: dict[str, list[float]] = {k: [] for k in larger}
     repeat = max(a.repeat // 4, 10)
-    for r in range(a.rounds):  # today's and REF's solves alternate, round by round
-        if tree is not None and r % 2:
-            for k, v in before_round(tree, repeat).items():
-                then[k].append(v)
+
+    def today(r: int) -> None:
         timed = harness.side_by_side(larger, rounds=1, repeat=repeat, warmup=3 if r == 0 else 0)
         for k in larger:
             now[k].append(timed.median(k))
-        if tree is not None and not r % 2:
+
+    def before(r: int) -> None:
+        if tree is not None:
             for k, v in before_round(tree, repeat).items():
                 then[k].append(v)
+
+    for r in range(a.rounds):  # today's and REF's solves alternate which goes first, round by round
+        for step in ((today, before) if r % 2 == 0 else (before, today)):
+            step(r)
     systems = []
     for k in larger:
         row = {"system": k, "sensitivities_ms": 1e3 * float(np.median(now[k]))}

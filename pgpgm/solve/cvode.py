@@ -1,7 +1,7 @@
 """SUNDIALS CVODE with compiled callbacks: no Python between the solver and the model.
 
-CVODE (BDF, Newton with a dense matrix, or a band one for the sensitivity system) is driven through ctypes (:mod:`pgpgm.solve.sundials`); the
-right-hand side and its Jacobian are numba C callbacks (:func:`cvode_callbacks`, built on the
+CVODE (BDF, Newton with a dense matrix, or a band one for the sensitivity system) is driven
+through ctypes (:mod:`pgpgm.solve.sundials`); the right-hand side and its Jacobian are numba C callbacks (:func:`cvode_callbacks`, built on the
 model's kernels of :mod:`pgpgm.ode.kernels` and cached on disk beside them). One
 numba function, :func:`cvode_kernel`, does a whole solve - create the CVODE memory, set
 the parameters, tolerances and callbacks, step through the output times, free the
@@ -144,7 +144,7 @@ def cvode_kernel():
 
     ``half_band`` < 0: the Newton matrix is dense (n x n, the plain system's ``jac``); >= 0: a band
     matrix of that lower and upper half-bandwidth (the sensitivity system's ``aug_jac`` writes its
-    block diagonal, S - 1 wide: :data:`AUG_HALF_BAND`), factored in O(n S^2) rather than O(n^3).
+    block diagonal, S - 1 wide: :func:`aug_half_band`), factored in O(n S^2) rather than O(n^3).
     """
     if not native.link_sundials():
         raise ODESolveError("SUNDIALS CVODE is not available here; use pgpgm.default_solver()")

@@ -9,13 +9,13 @@ Where the libraries are looked for, in this order:
    ``Library/bin`` below both on Windows.
 
 The seven libraries (``core``, ``nvecserial``, ``sunmatrixdense``, ``sunlinsoldense``,
-``sunmatrixband``, ``sunlinsolband``, ``cvode``) must all lie in one folder; their names may carry a wheel's hash suffix and a
-version (``libsundials_cvode-cf29dc23.so.7.9.0``, ``libsundials_cvode.7.dylib``,
+``sunmatrixband``, ``sunlinsolband``, ``cvode``) must all lie in one folder; their names may
+carry a wheel's hash suffix and a version (``libsundials_cvode-cf29dc23.so.7.9.0``, ``libsundials_cvode.7.dylib``,
 ``sundials_cvode.dll``). The SUNDIALS version is read from ``libsundials_core`` when it is
 loaded and any major version other than 7 is refused: the signatures below are SUNDIALS 7's.
 
-Only the handful of functions the BDF driver needs (dense and band Newton matrices) are bound. Index arguments are
-passed as 64-bit integers, which is correct for both 32- and 64-bit ``sunindextype`` builds
+Only the handful of functions the BDF driver needs (dense and band Newton matrices) are bound.
+Index arguments are passed as 64-bit integers, which is correct for both 32- and 64-bit ``sunindextype`` builds
 under the x86-64 and AArch64 calling conventions.
 
 :func:`status` says what was found (and why nothing usable was); :func:`warn_fallback`
