@@ -586,8 +586,11 @@ class BudgetMeter:
     used its share (and any time its predecessors left) ends, as PyMC ends the current chain only
     on ``KeyboardInterrupt`` there, and the next one starts. Chains run in waves (fewer processes
     than chains, :func:`_sample_in_waves`: one :func:`pymc.sample` call per wave) share it alike, a
-    wave at a time (:meth:`begin_waves`, ``wave``): the callback's ``KeyboardInterrupt`` ends the
-    current wave's call."""
+    wave at a time (:meth:`begin_waves`, :meth:`begin_wave`): the callback's ``KeyboardInterrupt``
+    ends the current wave's call. A wave's share of gradient evaluations is shared among its chains:
+    the wave ends once *every* chain has used its part, so that a chain its process ran slower
+    (a loaded machine) is not stopped while the others are far ahead - or, should one lag more than
+    that, once the wave has used its share and half of what the later waves' shares would be."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
@@ -596,6 +599,9 @@ class BudgetMeter:
         self.exhausted = ""  # what ran out: "" (nothing), "seconds", "gradient evaluations"
         self.shares: tuple[int, float, float] | None = None  # parts, seconds, gradients at a round's start
         self.wave: int | None = None  # the wave running now (None: the shares are by chain)
+        self.wave_gradients: dict[int, int] = {}  # the current wave's gradient evaluations by chain
+        self.wave_chains = 0  # how many chains the current wave runs
+        self.wave_start = 0  # gradient evaluations used when the current wave began
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
         self.stops = 0  # how many times the callback stopped sampling
 
@@ -610,15 +616,29 @@ class BudgetMeter:
         self.shares = (waves, self.elapsed(), self.gradients) if waves > 1 else None
         self.wave = 0
 
+    def begin_wave(self, wave: int, chains: int) -> None:
+        """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
+        self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
+
     def _share_spent(self, chain: int) -> str:
         """What ``chain`` of a sequential round (or the current wave) has used its share of ("" when
         nothing): part c ends once (c + 1) / parts of what was left at the round's start is spent."""
         chains, t0, g0 = self.shares
-        chain = chain if self.wave is None else self.wave
-        part = (min(chain, chains - 1) + 1) / chains
+        part = (min(chain if self.wave is None else self.wave, chains - 1) + 1) / chains
         s, g = self.budget.seconds, self.budget.gradient_evaluations
-        return ("seconds" if s is not None and self.elapsed() >= t0 + part * (s - t0) else
-                "gradient evaluations" if g is not None and self.gradients >= g0 + part * (g - g0) else "")
+        if s is not None and self.elapsed() >= t0 + part * (s - t0):
+            return "seconds"
+        if g is None:
+            return ""
+        end = g0 + part * (g - g0)  # where this part's share ends
+        if self.wave is None:
+            return "gradient evaluations" if self.gradients >= end else ""
+        # a wave: each chain's part of what the wave had left at its start; every chain must use it
+        left = end - self.wave_start
+        counts = self.wave_gradients
+        each = all(counts.get(c, 0) >= left / self.wave_chains for c in range(self.wave_chains))
+        cap = end + 0.5 * (g - end)  # the later waves keep at least half of their shares
+        return "gradient evaluations" if each or self.gradients >= cap else ""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -641,7 +661,11 @@ class BudgetMeter:
         stats = getattr(draw, "stats", None)
         stats = stats[0] if isinstance(stats, list | tuple) and stats else stats
         if isinstance(stats, Mapping):
-            self.gradients += int(stats.get("tree_size", 0) or 0)
+            steps = int(stats.get("tree_size", 0) or 0)
+            self.gradients += steps
+            if self.wave is not None:
+                chain = int(getattr(draw, "chain", 0))
+                self.wave_gradients[chain] = self.wave_gradients.get(chain, 0) + steps
         if self.check():
             self.stops += 1
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
@@ -979,7 +1003,7 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
     for w, idx in enumerate(waves):
         if meter.check():
             break
-        meter.wave = w
+        meter.begin_wave(w, len(idx))
         args = {**kwargs, "chains": len(idx), "cores": len(idx), "random_seed": chain_seeds(seed, idx[0]),
                 "initvals": None if initvals is None else [initvals[i] for i in idx]}
         stops = meter.stops
