@@ -194,6 +194,7 @@ def test_flu_counts_negative_binomial_at_the_independent_optimum():
         -np.sum(stats.nbinom.logpmf(y[1:], a, a / (a + mu))), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_flu_counts_poisson_refinement_at_the_independent_optimum():
     t, y = _flu()
     p = LeastSquaresProblem(pgpgm.Integrator(SIR, t), y, (1,), 1.0, np.array([762.0, 1.0, 0.0]), noise=("poisson",))

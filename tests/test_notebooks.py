@@ -8,6 +8,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+#: run in full only with ``./run.sh test --slow`` (their features have fast tests of their own): CI runs
+#: the published systems' notebooks and the hierarchical study's
+SLOW_NOTEBOOKS = {"goodwin", "influenza", "lynx_hare"}
 
 
 def _run(nb, folder: Path, monkeypatch) -> None:
@@ -33,7 +36,8 @@ def test_notebook_is_committed_executed_with_its_figures(path):
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} has no figure"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW_NOTEBOOKS else p
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_notebook_runs_and_its_checks_hold(path, monkeypatch):
     nb = nbformat.read(path, as_version=4)  # in memory: the committed file (with its full-mode outputs) stays as is
     checks = [c for c in nb.cells if c.cell_type == "code" and "\nassert " in "\n" + c.source]

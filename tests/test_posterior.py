@@ -548,7 +548,8 @@ def _decay_rounds(max_rounds: int):
     return tree, model, layout
 
 
-@pytest.mark.parametrize("case", ["mixing", "diverge", "unmixed"])
+@pytest.mark.parametrize("case", ["mixing", pytest.param("diverge", marks=pytest.mark.slow),
+                                  pytest.param("unmixed", marks=pytest.mark.slow)])
 def test_further_rounds_extend_the_chains_and_are_judged_together(monkeypatch, case):
     """Rounds run because R-hat or ESS failed continue each chain from its last draw and the result
     holds the draws of every round, the first one's included (``mixing``); round 3 is sized from the
@@ -594,7 +595,7 @@ def test_further_rounds_extend_the_chains_and_are_judged_together(monkeypatch, c
     assert not mixing_problems(diagnose(tree, layout.free))  # and the kept draws mix
 
 
-@pytest.mark.parametrize("passes", [False, True])
+@pytest.mark.parametrize("passes", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_round_for_divergences_alone_replaces_the_draws_only_when_it_passes(monkeypatch, passes):
     """Round 1 passes R-hat and ESS but holds a divergence: round 2 draws afresh (a raised target) and
     is kept only when it passes R-hat and ESS too; when it does not, round 1's draws are the result."""

@@ -87,6 +87,7 @@ def test_a_time_budget_returns_on_time():
     assert "posterior_budget=pgpgm.PosteriorBudget(8.0, None)" in posterior_notes(tree)[0]
 
 
+@pytest.mark.slow
 def test_further_rounds_cap_the_step_size_target(monkeypatch):
     """Further rounds raise target_accept halfway to 1 (0.9 -> 0.95 -> 0.975) but not above 0.99 (0.98 ->
     0.99 -> 0.99, not 0.995, 0.9975, ... which shrank the step size without bound), at tree depth 10. The
@@ -120,7 +121,7 @@ def test_a_round_the_budget_cannot_afford_is_not_started():
     obs = _data(DECAY, 0.8)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.5, "x_0": 0.01}
-    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=3, progressbar=False)
+    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=2, progressbar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         free = sample_posterior(model, start, sd, **kw)
