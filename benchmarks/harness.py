@@ -304,6 +304,8 @@ def published(key: str, seed: int = 0, **extra: Any) -> Published:
 
 #: the rates of the linear chain of 10 states (issue 30's runaway case; ``runaways.py``, ``ode_solve.py``)
 CHAIN_RATES = (1.0, 0.5, 2.0, 0.8, 1.5, 0.6, 1.2, 0.9, 1.8, 0.7)
+#: the chain's measured states (its runaway case, ``runaways.py``)
+CHAIN_OBSERVED = ("x2", "x4", "x6", "x8", "x10")
 
 
 def chain_system() -> pgpgm.ODESystem:

@@ -6,7 +6,8 @@ each (no reuse of a solver's last result); the backends interleaved round by rou
 Then the solve with forward sensitivities (what every step-4 gradient and step-3 Jacobian costs) on
 the main job's FitzHugh-Nagumo and on larger systems - protein transduction (5 states), the
 repressilator (6), the 10-state linear chain of ``runaways.py`` - at their published or runaway
-settings; with ``--before REF`` (a git commit or a folder holding ``pgpgm/``) each round also times
+settings; and step 4's log density with its gradient on the same systems (``build_ode_model``'s model,
+one sensitivity solve each, noise sds free; the chain with its runaway case's states observed); with ``--before REF`` (a git commit or a folder holding ``pgpgm/``) each round also times
 the same solves with REF's package in a subprocess, so that a change of the solver is measured side
 by side in one run.
 
@@ -52,7 +53,22 @@ def larger_solves() -> dict:
         it = pgpgm.Integrator(system, times, pgpgm.CVODE(rtol=1e-8, atol=1e-8))
         out[label] = (lambda it=it, th=theta0, x=x0:
                       it.solve_sensitivities(th * (1 + 1e-3 * rng.standard_normal(th.size)), x))
+        observed = list(harness.CHAIN_OBSERVED) if name is None else list(spec.case(case_name).observed)
+        data = pgpgm.simulate(system, theta0, x0, times, observed=observed, snr=100.0, seed=0)
+        out[f"step-4 gradient, {label}"] = _model_gradient(system, data, observed, rng)
     return out
+
+
+def _model_gradient(system, data, observed, rng):
+    """One evaluation of the log density and its gradient of ``build_ode_model``'s model of ``data``
+    (priors Uniform(0, 10), the noise sds free) at its initial point jittered by 1e-3, as NUTS makes them."""
+    from pymc.blocking import DictToArrayBijection
+
+    model, _ = pgpgm.build_ode_model(system, data, observed, priors=(0.0, 10.0), noise_center=[0.1] * len(observed))
+    fn = model.logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    x = DictToArrayBijection.map(model.initial_point()).data
+    return lambda: fn(x + 1e-3 * rng.standard_normal(x.size))
 
 
 def worker(repeat: int) -> None:
@@ -134,7 +150,8 @@ def main() -> None:
                   "sensitivity solves of larger systems", env=env,
                   notes=f"Median ms per solve ({a.rounds} interleaved rounds x {a.repeat} solves, a fresh theta "
                         "each); sensitivities: the solve with forward sensitivities in every parameter and "
-                        f"initial value. Larger systems: {repeat} solves per round"
+                        "initial value; step-4 gradient: the model's log density and gradient (sensitivities "
+                        f"to its free initial values). Larger systems: {repeat} solves per round"
                         + (f"; before: {a.before}, in a subprocess per round, alternating with today's" if tree else ""),
                   sections={"Solves with forward sensitivities, pgpgm's CVODE, rtol = atol = 1e-8": systems})
 

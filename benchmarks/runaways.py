@@ -49,7 +49,6 @@ import pgpgm
 CASES = ("repr", "chain10", "lv-x2-ln", "fhn-wrong")
 #: issue 29's wrong optimum of FitzHugh-Nagumo R observed (data seed 0)
 WRONG_THETA = (1.518, 2.421, 1.643)
-CHAIN_OBSERVED = ("x2", "x4", "x6", "x8", "x10")
 
 
 def fit_case(name: str, **kw):
@@ -70,8 +69,8 @@ def fit_case(name: str, **kw):
         x0 = np.zeros(10)
         x0[0] = 10.0
         data = pgpgm.simulate(system, np.array(harness.CHAIN_RATES), x0, np.linspace(0.0, 20.0, 50),
-                              observed=list(CHAIN_OBSERVED), snr=100.0, seed=0)
-        return pgpgm.fit(system, data, list(CHAIN_OBSERVED), seed=0, progressbar=False, **kw)
+                              observed=list(harness.CHAIN_OBSERVED), snr=100.0, seed=0)
+        return pgpgm.fit(system, data, list(harness.CHAIN_OBSERVED), seed=0, progressbar=False, **kw)
     if name == "fhn-wrong":
         case = harness.published(harness.MAIN_JOB, seed=0)
         module = harness.private("pgpgm.pipeline")

@@ -116,6 +116,61 @@ def test_gradient_matches_finite_differences_and_verify_grad(lv):
                                   eps=1e-6, abs_tol=1e-5, rel_tol=1e-5, mode="NUMBA")
 
 
+def test_sensitivities_to_the_free_initial_values_only(monkeypatch):
+    """``x0_free`` solves S (1 + P + F) equations instead of S (1 + P + S): a chain a -> b -> c with
+    only b's initial value free gives the parameters' sensitivities and b's column of the full Op's
+    (to the solver's tolerance: CVODE's error test sees fewer columns), zeros in a's and c's, compiled
+    and in Python (LSODA), and the gradient of a log density matches finite differences."""
+    chain = ODESystem.from_equations({"a": "-k1*a", "b": "k1*a - k2*b", "c": "k2*b"}, ["k1", "k2"])
+    t = np.linspace(0.0, 4.0, 17)
+    theta, x0 = np.array([0.9, 0.4]), np.array([1.0, 0.3, 0.0])
+    it = Integrator(chain, t, TIGHT)
+    full = numba_ode_function(ODEOp(it, sensitivities=True))(theta, x0)
+    for solver in (TIGHT, LSODA(rtol=1e-10, atol=1e-12)):
+        op = ODEOp(Integrator(chain, t, solver), sensitivities=True, x0_free=(1,))
+        fn = numba_ode_function(op)
+        if fn is None:  # LSODA: the Op's Python perform
+            out = [[None], [None], [None]]
+            op.perform(None, [theta, x0], out)
+            fn_out = [o[0] for o in out]
+        else:
+            fn_out = fn(theta, x0)
+        x, dth, dx0 = fn_out
+        np.testing.assert_allclose(x, full[0], rtol=1e-7, atol=1e-10)
+        np.testing.assert_allclose(dth, full[1], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(dx0[:, :, 1], full[2][:, :, 1], rtol=1e-6, atol=1e-9)
+        assert np.all(dx0[:, :, [0, 2]] == 0.0)
+    w = np.random.default_rng(2).normal(size=(t.size, 3))
+    th = pt.dvector("th")
+    b0 = pt.dscalar("b0")
+    xv = pt.stack([pt.constant(1.0), b0, pt.constant(0.0)])
+    logp = (ODEOp(it, x0_free=(1,))(th, xv) * w).sum()
+    f = pytensor.function([th, b0], [logp, *pytensor.grad(logp, [th, b0])], mode="NUMBA")
+    _, g_th, g_b0 = f(theta, 0.3)
+    value = lambda th_, b: (it.solve(th_, np.array([1.0, b, 0.0])) * w).sum()
+    for k in range(2):
+        e = np.zeros(2); e[k] = 1e-5
+        np.testing.assert_allclose(g_th[k], (value(theta + e, 0.3) - value(theta - e, 0.3)) / 2e-5, rtol=1e-5)
+    np.testing.assert_allclose(g_b0, (value(theta, 0.3 + 1e-5) - value(theta, 0.3 - 1e-5)) / 2e-5, rtol=1e-5)
+    assert ODEOp(it, x0_free=(0, 1, 2)) == ODEOp(it)  # every entry: the default Op
+    for bad in ((1, 0), (3,), (1, 1)):
+        with pytest.raises(ValueError, match="x0_free"):
+            ODEOp(it, x0_free=bad)
+
+
+def test_the_ode_model_solves_for_its_free_initial_values_only():
+    """``build_ode_model`` gives the Op the indices of the initial values it samples: an observed
+    state's (a Normal around its first measurement) and an unknown latent one's, not the known ones'."""
+    chain = ODESystem.from_equations({"a": "-k1*a", "b": "k1*a - k2*b", "c": "k2*b"}, ["k1", "k2"])
+    t = np.linspace(0.0, 4.0, 12)
+    y = np.exp(-0.9 * t) + 0.01
+    model, _ = pgpgm.build_ode_model(chain, {"time": t, "a": y}, ["a"], x0={"b": (0.0, 2.0), "c": 0.0},
+                                     priors=(0.0, 5.0), noise_sd=[0.01])
+    ops = {v.owner.op.x0_free for v in pytensor.graph.traversal.ancestors([model.logp()]) if v.owner
+           and isinstance(v.owner.op, ODEOp)}
+    assert ops == {(0, 1)}
+
+
 def test_value_and_gradient_cost_one_solve(lv):
     c = lv.case()
     it = Integrator(lv.system, c.times, TIGHT)

@@ -41,8 +41,10 @@ class ModelKernels:
     rhs(t, x (S,), theta (P,), out (S,)); jac_x(t, x, theta, out (S, S));
     jac_p(t, x, theta, out (S, P)) (the Jacobians write only their nonzero entries: pass
     ``out`` zeroed); rhs_grid(t (N,), x (N, S), theta, out (N, S));
-    aug_rhs(t, y (S*(1+K),), theta, out) for the sensitivity system (its Newton matrix's Jacobian is
-    written by :mod:`pgpgm.solve.cvode`'s callback).
+    aug_rhs(t, y (S*(1+K'),), theta, out) for the sensitivity system, K' = len(y) / S - 1 columns:
+    the P parameters' and then K' - P initial values' (any of them: their equations are alike, only
+    their initial values, unit vectors, say which), K' <= K (its Newton matrix's Jacobian is written by
+    :mod:`pgpgm.solve.cvode`'s callback).
     ``key`` names the cached module ``module`` (:mod:`pgpgm.codegen.cache`), whose functions the
     layers above import by that name.
     """
@@ -82,12 +84,13 @@ def rhs_grid(tt, x, p, out):
 @numba.njit(**_JIT)
 def aug_rhs(tt, y, p, out):
     x = y[:S]
+    columns = y.shape[0] // S - 1  # the parameters', then those of the initial values solved for
     rhs(tt, x, p, out[:S])
     jx_ = np.zeros((S, S))
     jp_ = np.zeros((S, P))
     jac_x(tt, x, p, jx_)
     jac_p(tt, x, p, jp_)
-    for k in range(K):
+    for k in range(columns):
         base = S + k * S
         for i in range(S):
             acc = jp_[i, k] if k < P else 0.0

@@ -270,11 +270,13 @@ def build_ode_model(
             first[system.states.index(s)] = u[j]
         x0_vec = pt.stack([first[i] if i in first else pm.Data(data_name("x0", s), float(x0[i]))
                            for i, s in enumerate(system.states)])
-        traj = ODEOp(integrator, on_failure="nan")(theta, x0_vec)
+        # the gradient needs the sensitivities to the free initial values only (not to the known ones)
+        free = tuple(sorted(system.states.index(s) for s in [*unknown, *(s for s in direct if s not in held)]))
+        traj = ODEOp(integrator, on_failure="nan", x0_free=free)(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
         pm.Potential("solve_failed", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
         safe = pt.switch(ok, traj, 0.0)
-        states = ODEOp(plotting, on_failure="nan")(theta, x0_vec)
+        states = ODEOp(plotting, on_failure="nan", x0_free=free)(theta, x0_vec)
         for i, s in enumerate(system.states):
             pm.Deterministic(s, states[rows_dense, i], dims="time_dense")
         if observables is None:

@@ -268,8 +268,6 @@ from pgpgm.solve import native as _nat
 from {module} import aug_rhs, jac_x, rhs
 
 S, P = {S}, {P}
-K = P + S
-N_AUG = S * (1 + K)
 PP = max(P, 1)
 _JIT = dict(cache=True, error_model="numpy")
 
@@ -292,10 +290,11 @@ if CVODE:
 
     @numba.cfunc(_RHS_SIG, **_JIT)
     def cvode_aug_rhs(t, y_, ydot_, p_):
-        y = numba.carray(_nat.N_VGetArrayPointer(y_), (N_AUG,))
-        ydot = numba.carray(_nat.N_VGetArrayPointer(ydot_), (N_AUG,))
+        n = _nat.N_VGetLength(y_)  # S (1 + P + F): F <= S initial values' sensitivities
+        y = numba.carray(_nat.N_VGetArrayPointer(y_), (n,))
+        ydot = numba.carray(_nat.N_VGetArrayPointer(ydot_), (n,))
         aug_rhs(t, y, numba.carray(p_, (PP,)), ydot)
-        for i in range(N_AUG):
+        for i in range(n):
             if not np.isfinite(ydot[i]):
                 return 1
         return 0
@@ -316,18 +315,19 @@ if CVODE:
     @numba.cfunc(_JAC_SIG, **_JIT)
     def cvode_aug_jac(t, y_, fy_, m_, p_, t1, t2, t3):
         # a band matrix of half-bandwidth S - 1 (zeroed by CVODE): entry (r, c) of column c lies at
-        # data[c * ldim + smu + r - c]; K + 1 copies of the state Jacobian on the block diagonal
+        # data[c * ldim + smu + r - c]; n / S copies of the state Jacobian on the block diagonal
+        n = _nat.N_VGetLength(y_)
         y = numba.carray(_nat.N_VGetArrayPointer(y_), (S,))
         ldim = _nat.SUNBandMatrix_LDim(m_)
         smu = _nat.SUNBandMatrix_StoredUpperBandwidth(m_)
-        data = numba.carray(_nat.SUNBandMatrix_Data(m_), (N_AUG * ldim,))
+        data = numba.carray(_nat.SUNBandMatrix_Data(m_), (n * ldim,))
         jx_ = np.zeros((S, S))
         jac_x(t, y, numba.carray(p_, (PP,)), jx_)
         for i in range(S):
             for j in range(S):
                 if not np.isfinite(jx_[i, j]):
                     return 1
-        for blk in range(K + 1):
+        for blk in range(n // S):
             base = blk * S
             for j in range(S):
                 col = (base + j) * ldim + smu

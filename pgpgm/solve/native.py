@@ -34,6 +34,7 @@ SUNContext_ClearErrHandlers = types.ExternalFunction("SUNContext_ClearErrHandler
 SUNContext_Free = types.ExternalFunction("SUNContext_Free", _i32(_a))
 N_VNew_Serial = types.ExternalFunction("N_VNew_Serial", _a(_a, _a))
 N_VGetArrayPointer = types.ExternalFunction("N_VGetArrayPointer", _dp(_a))
+N_VGetLength = types.ExternalFunction("N_VGetLength", _a(_a))
 N_VDestroy = types.ExternalFunction("N_VDestroy", types.void(_a))
 SUNDenseMatrix = types.ExternalFunction("SUNDenseMatrix", _a(_a, _a, _a))
 SUNDenseMatrix_Data = types.ExternalFunction("SUNDenseMatrix_Data", _dp(_a))

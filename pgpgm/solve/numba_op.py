@@ -75,19 +75,19 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 2
+CODE_VERSION = 3
 
 
 def cache_key(op: ODEOp) -> str:
     """What identifies the compiled function of ``op`` across processes: the system's kernel
-    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget and
-    flags, and :data:`CODE_VERSION`."""
+    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget,
+    flags and initial values solved for, and :data:`CODE_VERSION`."""
     it = op.integrator
     s = it.solver
     h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(it.breakpoints, dtype=np.float64).tobytes())
     h.update(repr((it.system.compiled.key, float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
-                   op.on_failure, CODE_VERSION)).encode())
+                   op.on_failure, op.x0_free, CODE_VERSION)).encode())
     return h.hexdigest()[:24]
 
 
@@ -112,13 +112,17 @@ def numba_ode_function(op: ODEOp):
     Returns
     -------
     function (theta (P,), x0 (S,)) -> x (N, S), or -> (x (N, S), dx_dtheta (N, S, P),
-    dx_dx0 (N, S, S)) when ``op.sensitivities``; callable from numba code and from Python.
+    dx_dx0 (N, S, S)) when ``op.sensitivities``; callable from numba code and from Python. Only the
+    columns ``op.x0_free`` of dx_dx0 are solved for (the others are 0): S (1 + P + F) equations
+    for F of them instead of S (1 + P + S).
     """
     if not compiles(op):
         return None
     it = op.integrator
     S, P, N = it.system.n_states, it.system.n_parameters, it.times.size
-    K = P + S
+    free = np.arange(S) if op.x0_free is None else np.asarray(op.x0_free, dtype=np.int64)
+    F = free.size
+    K = P + F
     kernel = cvode_kernel()  # links SUNDIALS
     n = S * (1 + K) if op.sensitivities else S
     prefix = f"pgpgm_{it.system.compiled.key}_{'aug_' if op.sensitivities else ''}"
@@ -139,8 +143,8 @@ def numba_ode_function(op: ODEOp):
         for j in range(S):
             y0[j] = x0[j]
         if sensitivities:
-            for j in range(S):  # d x(t0) / d x0_j = e_j
-                y0[S + (P + j) * S + j] = 1.0
+            for f in range(F):  # d x(t0) / d x0_j = e_j for the j = free[f] solved for
+                y0[S + (P + f) * S + free[f]] = 1.0
         out = np.empty((N, n))
         flag = NON_FINITE
         t_reached = times[0]
@@ -163,13 +167,13 @@ def numba_ode_function(op: ODEOp):
         y = augmented_solve(theta, x0)
         x = np.ascontiguousarray(y[:, :S])
         dx_dtheta = np.empty((N, S, P))
-        dx_dx0 = np.empty((N, S, S))
+        dx_dx0 = np.zeros((N, S, S))
         for t in range(N):
             for i in range(S):
                 for k in range(P):
                     dx_dtheta[t, i, k] = y[t, S + k * S + i]
-                for j in range(S):
-                    dx_dx0[t, i, j] = y[t, S + (P + j) * S + i]
+                for f in range(F):
+                    dx_dx0[t, i, free[f]] = y[t, S + (P + f) * S + i]
         return x, dx_dtheta, dx_dx0
 
     return solve_with_sensitivities

@@ -38,16 +38,29 @@ class ODEOp(Op):
     sensitivities : also return dx/dtheta (N, S, P) and dx/dx0 (N, S, S)
     on_failure : ``"raise"`` (an :class:`ODESolveError`) or ``"nan"`` (NaN outputs, which
         :mod:`pgpgm.matching.density` turns into a -inf log density, i.e. a rejected proposal)
+    x0_free : the entries of x0 whose sensitivities are solved for (sorted state indices), or None
+        for all. The others' columns of dx/dx0, and so their gradients, are 0: give it where those
+        entries are constants (known initial values), to solve S (1 + P + F) equations for F free
+        ones instead of S (1 + P + S) (``build_ode_model`` does)
     """
 
-    __props__ = ("integrator", "sensitivities", "on_failure")
+    __props__ = ("integrator", "sensitivities", "on_failure", "x0_free")
 
-    def __init__(self, integrator: Integrator, *, sensitivities: bool = False, on_failure: str = "raise"):
+    def __init__(self, integrator: Integrator, *, sensitivities: bool = False, on_failure: str = "raise",
+                 x0_free: tuple[int, ...] | None = None):
         if on_failure not in ("raise", "nan"):
             raise ValueError("on_failure must be 'raise' or 'nan'")
+        S = integrator.system.n_states
+        if x0_free is not None:
+            x0_free = tuple(int(j) for j in x0_free)
+            if list(x0_free) != sorted(set(x0_free)) or any(not 0 <= j < S for j in x0_free):
+                raise ValueError(f"x0_free must be sorted, distinct state indices in [0, {S}), got {x0_free}")
+            if len(x0_free) == S:
+                x0_free = None  # every entry: the same Op as the default
         self.integrator = integrator
         self.sensitivities = bool(sensitivities)
         self.on_failure = on_failure
+        self.x0_free = x0_free
 
     def make_node(self, theta, x0):
         theta = pt.as_tensor_variable(theta, dtype="float64")
@@ -64,6 +77,9 @@ class ODEOp(Op):
                 raise
             N, S, P = it.times.size, it.system.n_states, it.system.n_parameters
             res = (np.full((N, S), np.nan), np.full((N, S, P), np.nan), np.full((N, S, S), np.nan))
+        if self.sensitivities and self.x0_free is not None:  # as the compiled Op: the others' columns are 0
+            fixed = np.setdiff1d(np.arange(it.system.n_states), self.x0_free)
+            res[2][:, :, fixed] = 0.0
         for o, r in zip(outputs, res):
             o[0] = r
 
@@ -79,7 +95,8 @@ class ODEOp(Op):
                         for k, v in enumerate(inputs)]
             d_theta, d_x0 = outputs[1], outputs[2]
         else:
-            _, d_theta, d_x0 = ODEOp(self.integrator, sensitivities=True, on_failure=self.on_failure)(*inputs)
+            _, d_theta, d_x0 = ODEOp(self.integrator, sensitivities=True, on_failure=self.on_failure,
+                                     x0_free=self.x0_free)(*inputs)
         g = cotangents[0]
         return [pt.tensordot(g, d_theta, axes=[[0, 1], [0, 1]]), pt.tensordot(g, d_x0, axes=[[0, 1], [0, 1]])]
 
@@ -99,7 +116,7 @@ def share_ode_solve(fgraph, node):
     for client, _ in fgraph.clients[node.inputs[0]]:
         if (client != "output" and isinstance(client.op, ODEOp) and client.op.sensitivities
                 and client.op.integrator is op.integrator and client.op.on_failure == op.on_failure
-                and client.inputs == node.inputs):
+                and client.op.x0_free == op.x0_free and client.inputs == node.inputs):
             return [client.outputs[0]]
     return None
 

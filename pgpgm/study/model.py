@@ -161,7 +161,8 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                     x0.append(pm.Normal(x0_name(s, e), mu=float(ym[0]), sigma=spread))
                 else:
                     x0.append(pt.as_tensor_variable(np.float64(x0s[j][i])))
-            traj = ODEOp(Integrator(system, obs.times, solver), on_failure="nan")(pt.stack(theta), pt.stack(x0))
+            traj = ODEOp(Integrator(system, obs.times, solver), on_failure="nan",  # sensitivities to free x0 only
+                         x0_free=tuple(sorted(free_x0[j])))(pt.stack(theta), pt.stack(x0))
             ok = pt.all(pt.isfinite(traj))
             pm.Potential(f"solve_failed[{e}]", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
             safe = pt.switch(ok, traj, 0.0)
