@@ -127,6 +127,10 @@ def main() -> None:
     repeat = max(a.repeat // 4, 10)
 
     def today(r: int) -> None:
+        if tree is not None:  # as REF's: a fresh subprocess, so that neither side runs in a warmer process
+            for k, v in before_round(Path(__file__).resolve().parent.parent, repeat).items():
+                now[k].append(v)
+            return
         timed = harness.side_by_side(larger, rounds=1, repeat=repeat, warmup=3 if r == 0 else 0)
         for k in larger:
             now[k].append(timed.median(k))
@@ -152,7 +156,8 @@ def main() -> None:
                         "each); sensitivities: the solve with forward sensitivities in every parameter and "
                         "initial value; step-4 gradient: the model's log density and gradient (sensitivities "
                         f"to its free initial values). Larger systems: {repeat} solves per round"
-                        + (f"; before: {a.before}, in a subprocess per round, alternating with today's" if tree else ""),
+                        + (f"; before: {a.before}, in a subprocess per round, alternating with today's (in a "
+                           "subprocess too)" if tree else ""),
                   sections={"Solves with forward sensitivities, pgpgm's CVODE, rtol = atol = 1e-8": systems})
 
 
