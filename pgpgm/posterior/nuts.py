@@ -271,12 +271,12 @@ def build_ode_model(
         x0_vec = pt.stack([first[i] if i in first else pm.Data(data_name("x0", s), float(x0[i]))
                            for i, s in enumerate(system.states)])
         # the gradient needs the sensitivities to the free initial values only (not to the known ones)
-        free = tuple(sorted(system.states.index(s) for s in [*unknown, *(s for s in direct if s not in held)]))
-        traj = ODEOp(integrator, on_failure="nan", x0_free=free)(theta, x0_vec)
+        x0_free = tuple(sorted(system.states.index(s) for s in [*unknown, *(s for s in direct if s not in held)]))
+        traj = ODEOp(integrator, on_failure="nan", x0_free=x0_free)(theta, x0_vec)
         ok = pt.all(pt.isfinite(traj))
         pm.Potential("solve_failed", pt.switch(ok, np.float64(0.0), np.float64(-np.inf)))
         safe = pt.switch(ok, traj, 0.0)
-        states = ODEOp(plotting, on_failure="nan", x0_free=free)(theta, x0_vec)
+        states = ODEOp(plotting, on_failure="nan", x0_free=x0_free)(theta, x0_vec)
         for i, s in enumerate(system.states):
             pm.Deterministic(s, states[rows_dense, i], dims="time_dense")
         if observables is None:
@@ -750,7 +750,8 @@ def run_nuts(
         on the number of processes - so that a budget that stops them leaves every chain at the same
         length instead of the first CPUs' worth of chains done and the others not begun). Fewer
         processes than chains with a budget: the chains run in waves of ``cores``, each wave an equal
-        share of the budget (what one leaves goes to the next), the same draws as in one call
+        share of the budget (what one leaves goes to the next; a wave ends once each of its chains has
+        used its part, so a chain whose process lags is not cut short), the same draws as in one call
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
         (installed separately: ``pip install pgpgm[nutpie]``;
