@@ -11,7 +11,8 @@ so an interrupted run still covers every case; each row is also appended to
 ``--variants adapt:500,laplace:200`` fits each case and seed once per step-4 variant (first-round
 mass matrix ``pgpgm.NUTS(metric=...)``: ``adapt`` (the default) or ``laplace``, and tuning iterations per
 chain; an optional third field, ``adapt:500:2``, sets ``pgpgm.NUTS(cores=...)``, the chain processes:
-fewer than the chains run them in waves), one after the other, so that the variants are compared side by
+fewer than the chains run them in waves; a fourth, ``adapt:500::1e-8``, ``pgpgm.NUTS(rtol=...)``, step 4's
+solver tolerance), one after the other, so that the variants are compared side by
 side under the same load.
 
     ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases lv-x1,fhn-R|all] [--variants adapt:500]
@@ -59,19 +60,24 @@ def row(case: harness.Published, seed: int, r) -> dict:
             "modes": len(json.loads(attrs.get("pgpgm_modes", "[]")))}
 
 
+def parse_variant(text: str) -> tuple:
+    """``METRIC:TUNE[:CORES[:RTOL]]`` -> (metric, tune, cores or None, rtol); an empty CORES is None,
+    an omitted RTOL the default ``pgpgm.NUTS().rtol``."""
+    f = text.split(":") + ["", ""]
+    return (f[0], int(f[1]), int(f[2]) if f[2] else None, float(f[3]) if f[3] else pgpgm.NUTS().rtol)
+
+
 def main() -> None:
     ap = harness.parser(__doc__, "paper")
     ap.add_argument("--seeds", type=int, default=5, help="number of noise seeds")
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated METRIC:TUNE[:CORES] step-4 variants (METRIC adapt, laplace, or nutpie / auto: "
+                    help="comma-separated METRIC:TUNE[:CORES[:RTOL]] step-4 variants (METRIC adapt, laplace, or nutpie / auto: "
                          "that engine), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
     a = ap.parse_args()
-    variants = [None] if not a.variants else [(v.split(":")[0], int(v.split(":")[1]),
-                                               int(v.split(":")[2]) if v.count(":") > 1 else None)
-                                              for v in a.variants.split(",")]
+    variants = [None] if not a.variants else [parse_variant(v) for v in a.variants.split(",")]
     env = harness.environment()
     keys = harness.case_keys(a.cases)
     warnings.simplefilter("ignore")  # convergence is reported in the table
@@ -80,11 +86,12 @@ def main() -> None:
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         for key, variant in ((k, v) for k in keys for v in variants):
             extra = {} if variant is None else {"posterior": (
-                pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2]) if variant[0] in ("nutpie", "auto") else
-                pgpgm.NUTS(tune=variant[1], metric=variant[0], cores=variant[2]))}
+                pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2], rtol=variant[3])
+                if variant[0] in ("nutpie", "auto") else
+                pgpgm.NUTS(tune=variant[1], metric=variant[0], cores=variant[2], rtol=variant[3]))}
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
-            label = None if variant is None else ":".join(str(v) for v in variant if v is not None)
+            label = None if variant is None else ":".join("" if v is None else str(v) for v in variant).rstrip(":")
             rows.append(row(case, seed, r) | ({} if variant is None else {"variant": label}))
             print(rows[-1], flush=True)
             harness.append_partial(a.out, rows[-1])

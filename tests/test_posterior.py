@@ -8,6 +8,7 @@ from scipy import stats
 
 import pgpgm
 from pgpgm.data import as_observations
+from pgpgm.errors import DataError
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nuts import build_ode_model, sample_posterior
 
@@ -613,3 +614,63 @@ def test_a_round_for_divergences_alone_replaces_the_draws_only_when_it_passes(mo
 
 def _min_ess(diag) -> float:
     return float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
+
+
+# ---------------------------------------------------------------- step 4's solver tolerance
+def test_nuts_rtol_is_checked_and_reaches_the_step4_model(monkeypatch):
+    """``pgpgm.NUTS(rtol=...)``: a number in (0, 1) or None; step 4's model solves at that relative
+    tolerance with the fit's solver's atol, and None leaves the fit's solver as it is."""
+    import pgpgm.pipeline as pipeline
+
+    for bad in (0.0, 1.0, -1e-6, "1e-6"):
+        with pytest.raises(DataError, match="NUTS rtol"):
+            pgpgm.NUTS(rtol=bad)
+    assert pgpgm.NUTS().rtol == 1e-6
+    system = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
+    t = np.linspace(0, 3, 12)
+    y = 2.0 * np.exp(-0.8 * t) + np.random.default_rng(3).normal(0, 0.1, t.size)
+    seen = []
+    real = pipeline.build_ode_model
+
+    def capture(*args, **kw):
+        seen.append(kw["solver"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pipeline, "build_ode_model", capture)
+    solver = pgpgm.CVODE(rtol=1e-9, atol=1e-7)
+    for rtol in (1e-5, None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], priors=(0.0, 5.0), draws=200, tune=100, seed=1,
+                      solver=solver, progressbar=False,
+                      posterior=pgpgm.NUTS(draws=30, tune=30, chains=1, cores=1, rounds=1, rtol=rtol))
+    assert seen[0] == pgpgm.CVODE(rtol=1e-5, atol=1e-7, max_steps=solver.max_steps)
+    assert seen[1] == solver
+
+
+def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
+    """The default step-4 tolerance (rtol 1e-6) against rtol = atol = 1e-12: FitzHugh-Nagumo with R
+    observed (V latent), at the truth and at points 20 % off it, moves the log density by < 1e-3 nats
+    and its gradient by < 1e-3 of its size - far below what NUTS or a posterior sd notice."""
+    from pgpgm.posterior.nuts import POSTERIOR_RTOL, ValueSpace
+
+    m = pgpgm.load_model("fitzhugh-nagumo")
+    case = m.cases["R-observed"]
+    data = m.simulate("R-observed", seed=0)
+    obs = as_observations(data, list(case.observed), m.system)
+    x0 = np.asarray(case.x0, float)
+    out = []
+    for rtol, atol in ((POSTERIOR_RTOL, pgpgm.CVODE().atol), (1e-12, 1e-12)):
+        model, _ = build_ode_model(m.system, obs, x0=x0, priors=(0.0, 10.0), noise_sd=[0.1],
+                                   solver=pgpgm.CVODE(rtol=rtol, atol=atol))
+        space = ValueSpace(model)
+        values = []
+        for scale in (1.0, 0.8, 1.2):
+            point = {**dict(zip(m.system.parameters, scale * np.asarray(case.theta))), "R_0": x0[1]}
+            x = np.concatenate([np.ravel(space.point(point)[v.name]) for v in model.continuous_value_vars])
+            lp, grad = space.logp_dlogp(x)
+            values.append((float(lp), np.asarray(grad, float)))
+        out.append(values)
+    for (lp, g), (lp_ref, g_ref) in zip(*out):
+        assert abs(lp - lp_ref) < 1e-3
+        assert np.max(np.abs(g - g_ref)) < 1e-3 * np.max(np.abs(g_ref))

@@ -10,7 +10,8 @@ differences, by up to 2e-4 (FitzHugh-Nagumo's step-4 states); and when step 4's 
 the sensitivities to the free initial values only (``ODEOp(x0_free=...)``: CVODE's error test no longer
 sees the known ones' columns, so the gradients moved by ~1e-8 relative), which left every step-2 draw,
 refined point and likelihood as they were and gave FitzHugh-Nagumo's step-4 chains other draws from
-their first tuning iterations on. Regenerate the file only for a change that is meant to change
+their first tuning iterations on; and when step 4's solves came to run at rtol 1e-6
+(``pgpgm.NUTS(rtol=...)``), which again changed FitzHugh-Nagumo's step-4 draws only. Regenerate the file only for a change that is meant to change
 numbers (``python tests/test_same_numbers.py``), and say so in the commit.
 """
 

@@ -94,14 +94,21 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
     checks are made to fail every round here (``problems`` patched) so that three rounds run."""
     import pgpgm.posterior.nuts as posterior
 
-    made = []
+    made, funcs, compiled = [], [], []
     real = posterior.pm.NUTS
+    real_compile = posterior.pm.Model.logp_dlogp_function
 
     def nuts(*args, **kw):
         made.append((kw["target_accept"], kw["max_treedepth"]))
+        funcs.append(kw["logp_dlogp_func"])
         return real(*args, **kw)
 
+    def compile_once(self, *args, **kw):
+        compiled.append(self)
+        return real_compile(self, *args, **kw)
+
     monkeypatch.setattr(posterior.pm, "NUTS", nuts)
+    monkeypatch.setattr(posterior.pm.Model, "logp_dlogp_function", compile_once)
     monkeypatch.setattr(posterior, "problems", lambda diag: ["made to fail"])
     model, layout, center, sd = _decay_model()
     with warnings.catch_warnings():
@@ -112,6 +119,9 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
             assert tree.attrs["pgpgm_rounds"] == 3
     assert TARGET_ACCEPT_MAX == 0.99
     assert made == [(0.9, 10), (0.95, 10), (0.975, 10), (0.98, 10), (0.99, 10), (0.99, 10)]
+    # the log density and gradient are compiled once per call, and its three rounds take that function
+    assert len(compiled) == 2 and funcs[0] is funcs[1] is funcs[2] and funcs[3] is funcs[4] is funcs[5]
+    assert funcs[0] is not funcs[3]
 
 
 def test_a_round_the_budget_cannot_afford_is_not_started():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -207,7 +208,8 @@ def fit_study(
         model = build_study_model(system, observations, names, best.x0s, free,
                                   [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
                                   priors=prior, noise_center=dict(zip(best.noise_names, best.noise_sd)),
-                                  noise_sd=given_sd if plan is None else plan[1], solver=solver,
+                                  noise_sd=given_sd if plan is None else plan[1],
+                                  solver=solver if posterior.rtol is None else replace(solver, rtol=float(posterior.rtol)),
                                   population_priors=population_priors, centred=centred,
                                   noise=None if plan is None else plan[0], noise_per_experiment=per_experiment)
         n_obs = dict(zip(joint.noise_names, joint.n_obs().tolist()))
