@@ -67,7 +67,6 @@ import numba
 import numpy as np
 
 S, P = {S}, {P}
-K = P + S
 _JIT = dict(cache=True, error_model="numpy")
 
 '''
