@@ -36,9 +36,9 @@ from .ode.system import ODESystem
 from .posterior.diagnostics import diagnose, warn_if_unconverged
 from .posterior.nuts import (
     MAX_ROUNDS,
-    POSTERIOR_RTOL,
     METRICS,
     NUTS_SAMPLERS,
+    POSTERIOR_RTOL,
     NUTSRun,
     PosteriorBudget,
     build_ode_model,
