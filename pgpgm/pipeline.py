@@ -82,6 +82,10 @@ class NUTS:
     metric: str = "adapt"
     rtol: float | None = POSTERIOR_RTOL
 
+    def solver_for(self, solver: Solver) -> Solver:
+        """Step 4's solver: ``solver`` at :attr:`rtol` (``solver`` itself when rtol is None)."""
+        return solver if self.rtol is None else replace(solver, rtol=float(self.rtol))
+
     def __post_init__(self):
         set_ = object.__setattr__
         if self.rtol is not None and not (isinstance(self.rtol, (int, float)) and 0 < self.rtol < 1):
@@ -995,7 +999,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
             noise_args = {"noise": plan.names, "noise_sd": plan.known,
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
-                                        solver=solver if spec.rtol is None else replace(solver, rtol=float(spec.rtol)),
+                                        solver=spec.solver_for(solver),
                                         dense_times=dense.times, x0_priors=x0_priors,
                                         log_scale=log_scale_names(prior),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -209,7 +208,7 @@ def fit_study(
                                   [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
                                   priors=prior, noise_center=dict(zip(best.noise_names, best.noise_sd)),
                                   noise_sd=given_sd if plan is None else plan[1],
-                                  solver=solver if posterior.rtol is None else replace(solver, rtol=float(posterior.rtol)),
+                                  solver=posterior.solver_for(solver),
                                   population_priors=population_priors, centred=centred,
                                   noise=None if plan is None else plan[0], noise_per_experiment=per_experiment)
         n_obs = dict(zip(joint.noise_names, joint.n_obs().tolist()))
