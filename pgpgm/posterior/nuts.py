@@ -553,7 +553,9 @@ class PosteriorBudget:
     gradient_evaluations : leapfrog steps (one ODE solve with sensitivities each) of all chains
         and rounds, tuning included (None: no limit); unlike seconds, it does not depend on the
         machine or its load. The default, 1000000, leaves the 60 s to bind on a 2-core machine
-        (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence)
+        (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence).
+        Chains in waves (``cores < chains``) may exceed it by up to a quarter while the last wave's
+        late-started chain catches up (see :func:`run_nuts`)
 
     The rounds loop sizes each further round to what is left (from the last round's seconds and
     leapfrog steps per iteration) and starts none that cannot run ``min(draws, 100)`` draws; inside a
@@ -591,6 +593,13 @@ class PosteriorBudget:
         return " / ".join(parts) or "no limit"
 
 
+#: a wave of chains (:func:`_sample_in_waves`) ends on its share only once its shortest chain has drawn
+#: this fraction of its longest chain's iterations: PyMC, stopped, keeps the chains that maximise (chains
+#: x shortest length), leaving out one with fewer than half the longest's; a process started 0.5 s late
+#: on a loaded 2-core machine (a fast model: 380 iterations per second) lost its chain at the share alone
+WAVE_BALANCE = 0.6
+
+
 class BudgetMeter:
     """What step 4 has spent of a :class:`PosteriorBudget` since it was made; as the ``callback`` of
     :func:`pymc.sample` it counts every iteration's leapfrog steps and stops the sampling (PyMC's
@@ -603,9 +612,12 @@ class BudgetMeter:
     than chains, :func:`_sample_in_waves`: one :func:`pymc.sample` call per wave) share it alike, a
     wave at a time (:meth:`begin_waves`, :meth:`begin_wave`): the callback's ``KeyboardInterrupt``
     ends the current wave's call. A wave's share of gradient evaluations is shared among its chains:
-    the wave ends once *every* chain has used its part, so that a chain its process ran slower
-    (a loaded machine) is not stopped while the others are far ahead - or, should one lag more than
-    that, once the wave has used its share and half of what the later waves' shares would be."""
+    the wave ends once *every* chain has used its part and has drawn at least ``WAVE_BALANCE`` times as
+    many iterations as the wave's longest chain (PyMC, when stopped, leaves out a chain with fewer than
+    half the longest's: a chain whose process started late, 0.5 s on a loaded 2-core machine, would be
+    lost) - or, should one lag more than that, once the wave has used its share and half of what the
+    later waves' shares would be (the last wave: half of its own share beyond the budget). Chains the
+    stop left out anyway are counted (``dropped``) and named in the warning."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
@@ -617,6 +629,9 @@ class BudgetMeter:
         self.wave_gradients: dict[int, int] = {}  # the current wave's gradient evaluations by chain
         self.wave_chains = 0  # how many chains the current wave runs
         self.wave_start = 0  # gradient evaluations used when the current wave began
+        self.wave_draws: dict[int, int] = {}  # the current wave's iterations (tuning included) by chain
+        self.overrun = 0.0  # gradient evaluations the last wave may use beyond the budget
+        self.dropped = 0  # chains that a budget stop left out (PyMC drops the short ones)
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
         self.stops = 0  # how many times the callback stopped sampling
 
@@ -634,6 +649,20 @@ class BudgetMeter:
     def begin_wave(self, wave: int, chains: int) -> None:
         """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
         self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
+        self.wave_draws = {}
+        g = self.budget.gradient_evaluations
+        last = self.shares is None or wave == self.shares[0] - 1
+        self.overrun = 0.5 * (g - self.gradients) if last and g is not None else 0.0
+
+    def end_waves(self) -> None:
+        """After the last wave: the shares, and the last wave's overrun, end."""
+        self.wave, self.overrun = None, 0.0
+
+    def _balanced(self) -> bool:
+        """Whether every chain of the current wave has drawn at least ``WAVE_BALANCE`` times the
+        iterations of its longest chain (then a stop keeps them all)."""
+        draws = [self.wave_draws.get(c, 0) for c in range(self.wave_chains)]
+        return min(draws) >= WAVE_BALANCE * max(draws)
 
     def _share_spent(self, chain: int) -> str:
         """What ``chain`` of a sequential round (or the current wave) has used its share of ("" when
@@ -648,12 +677,14 @@ class BudgetMeter:
         end = g0 + part * (g - g0)  # where this part's share ends
         if self.wave is None:
             return "gradient evaluations" if self.gradients >= end else ""
-        # a wave: each chain's part of what the wave had left at its start; every chain must use it
+        # a wave: each chain's part of what the wave had left at its start; every chain must use it,
+        # and the chains be balanced (PyMC keeps them all)
         left = end - self.wave_start
         counts = self.wave_gradients
         each = all(counts.get(c, 0) >= left / self.wave_chains for c in range(self.wave_chains))
-        cap = end + 0.5 * (g - end)  # the later waves keep at least half of their shares
-        return "gradient evaluations" if each or self.gradients >= cap else ""
+        # the later waves keep at least half of their shares; the last may overrun by half its own
+        cap = end + (0.5 * (g - end) if g > end else self.overrun)
+        return "gradient evaluations" if (each and self._balanced()) or self.gradients >= cap else ""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -663,7 +694,7 @@ class BudgetMeter:
 
     def gradients_left(self) -> float:
         g = self.budget.gradient_evaluations
-        return np.inf if g is None else g - self.gradients
+        return np.inf if g is None else g + self.overrun - self.gradients
 
     def check(self) -> str:
         """What has run out now ("" when nothing has); remembered in ``exhausted``."""
@@ -681,6 +712,7 @@ class BudgetMeter:
             if self.wave is not None:
                 chain = int(getattr(draw, "chain", 0))
                 self.wave_gradients[chain] = self.wave_gradients.get(chain, 0) + steps
+                self.wave_draws[chain] = self.wave_draws.get(chain, 0) + 1
         if self.check():
             self.stops += 1
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
@@ -693,7 +725,7 @@ class BudgetMeter:
     def record(self) -> dict:
         return {"seconds": self.budget.seconds, "gradient_evaluations": self.budget.gradient_evaluations,
                 "used_seconds": round(self.elapsed(), 3), "used_gradient_evaluations": int(self.gradients),
-                "exhausted": self.exhausted}
+                "exhausted": self.exhausted, "dropped_chains": self.dropped}
 
 
 #: the step-size target of a further round is raised halfway to 1 (0.9 -> 0.95 -> 0.975 -> 0.9875) but
@@ -772,7 +804,9 @@ def run_nuts(
         length instead of the first CPUs' worth of chains done and the others not begun). Fewer
         processes than chains with a budget: the chains run in waves of ``cores``, each wave an equal
         share of the budget (what one leaves goes to the next; a wave ends once each of its chains has
-        used its part, so a chain whose process lags is not cut short), the same draws as in one call
+        used its part and drawn at least 0.6 times as many iterations as its longest, so that a chain
+        whose process started late is not cut short and left out; the last wave may use up to half its
+        share beyond a gradient budget for that), the same draws as in one call
     seed : seeds the starts and the sampler
     nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
         (installed separately: ``pip install pgpgm[nutpie]``;
@@ -964,7 +998,9 @@ def _budgeted_sample(meter: BudgetMeter, **kwargs):
     stops = meter.stops
     tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
     meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
-    return _kept_draws(tree, stopped=meter.stops > stops)
+    tree = _kept_draws(tree, stopped=meter.stops > stops)
+    meter.dropped += chains - int(tree.posterior.sizes["chain"])
+    return tree
 
 
 def _kept_draws(tree, stopped: bool = True):
@@ -1033,12 +1069,13 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
         stops = meter.stops
         tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **args)
         parts.append(_kept_draws(tree, stopped=meter.stops > stops))
-    meter.wave = None
+    meter.end_waves()
     meter.exhausted = meter.exhausted or meter.cut
-    if len(parts) == 1:
-        return parts[0]
     sampled = [p for p in parts if not p.attrs.get("pgpgm_tuning_draws")]
     keep = sampled or parts
+    meter.dropped += chains - sum(int(p.posterior.sizes["chain"]) for p in keep)
+    if len(keep) == 1:
+        return keep[0]
     n = min(p.posterior.sizes["draw"] for p in keep)
     out = keep[0].copy()
     for group in ("posterior", "sample_stats"):
@@ -1114,6 +1151,9 @@ def posterior_notes(tree) -> list[str]:
                    f"{tree.attrs.get('pgpgm_rounds', 1)} round(s)"
                    + (", while tuning (these draws are tuning iterations)" if tree.attrs.get("pgpgm_tuning_draws")
                       else "")
+                   + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn half as much as "
+                      "the others (their processes started late), and they were left out"
+                      if spent.get("dropped_chains") else "")
                    + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
                    f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
                    "priors (a posterior that is hard to sample often has a second mode or a wall)")
