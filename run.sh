@@ -69,7 +69,7 @@ case "$cmd" in
     setup
     marker="not slow"
     if [ "${1:-}" = "--slow" ]; then marker=""; shift; fi
-    exec "$PY" -m pytest -m "$marker" -q "$@" ;;
+    exec "$PY" -m pytest -m "$marker" -q --durations=20 "$@" ;;
   bench)
     setup
     name="${1:?usage: ./run.sh bench NAME}"; shift
