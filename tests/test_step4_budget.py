@@ -12,7 +12,7 @@ import pgpgm
 import pgpgm.pipeline as pipeline
 from pgpgm.refinement.bounds import bound_report
 from pgpgm.data import as_observations
-from pgpgm.posterior.diagnostics import ConvergenceWarning, find_modes
+from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose, find_modes, problems
 from pgpgm.errors import DataError
 from pgpgm.posterior.nuts import (TARGET_ACCEPT_MAX, BudgetMeter, PosteriorBudget, build_ode_model, posterior_notes,
                              sample_posterior)
@@ -126,22 +126,20 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
 
 
 def test_a_round_the_budget_cannot_afford_is_not_started():
-    """From a badly scaled mass matrix the first round fails the checks. With no budget a second
-    round runs; with a budget of the first round's gradient evaluations plus 50, none starts (it could
-    not reach 100 draws), and the result says the budget ran out."""
+    """From a badly scaled mass matrix the first round fails the checks (a second round would run).
+    With a budget of that round's gradient evaluations plus 5 % (every chain's share holds its own,
+    cores=1), none starts (it could not reach 100 draws), and the result says the budget ran out."""
     obs = _data(DECAY, 0.8)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
-    start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.5, "x_0": 0.01}
+    start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.2, "x_0": 0.01}
     kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=2, progressbar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        free = sample_posterior(model, start, sd, **kw)
-        first = json.loads(free.attrs["pgpgm_budget"])["used_gradient_evaluations"]  # all rounds
         one = sample_posterior(model, start, sd, **{**kw, "max_rounds": 1})
-        used_one = json.loads(one.attrs["pgpgm_budget"])["used_gradient_evaluations"]
-    assert free.attrs["pgpgm_rounds"] >= 2 and first > used_one
+    used_one = json.loads(one.attrs["pgpgm_budget"])["used_gradient_evaluations"]
+    assert problems(diagnose(one, ["k", "x_0"]))  # R-hat and ESS fail: without a budget, a second round
     with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
-        small = sample_posterior(model, start, sd, **kw, budget=PosteriorBudget(None, used_one + 50))
+        small = sample_posterior(model, start, sd, **kw, budget=PosteriorBudget(None, int(1.05 * used_one)))
     spent = json.loads(small.attrs["pgpgm_budget"])
     assert small.attrs["pgpgm_rounds"] == 1 and spent["exhausted"] == "gradient evaluations"
     assert spent["used_gradient_evaluations"] == used_one  # round 1 ran whole, and nothing after it
