@@ -14,8 +14,8 @@ from pgpgm.refinement.bounds import bound_report
 from pgpgm.data import as_observations
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose, find_modes, problems
 from pgpgm.errors import DataError
-from pgpgm.posterior.nuts import (TARGET_ACCEPT_MAX, BudgetMeter, PosteriorBudget, build_ode_model, posterior_notes,
-                             sample_posterior)
+from pgpgm.posterior.nuts import (TARGET_ACCEPT_MAX, BudgetMeter, PosteriorBudget, build_ode_model, join_waves,
+                             posterior_notes, sample_posterior)
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
 #: a mirror symmetry: the solution depends on k only through k^2, so k and -k fit equally well
@@ -360,6 +360,41 @@ def test_a_wave_waits_until_a_late_started_chain_would_be_kept():
     tree = xr.DataTree()
     tree.attrs["pgpgm_budget"] = json.dumps(meter.record())
     assert "it stopped 1 chain(s) before they had drawn half as much" in posterior_notes(tree)[0]
+
+
+def test_a_wave_whose_time_share_went_to_starting_its_processes_waits_for_its_chains():
+    """10 s in two waves: wave 0's time ends at 5 s. A draw of chain 0 alone after 6 s (the processes'
+    start took the share) does not end it - chain 1 has drawn nothing and would be left out - a draw
+    of each does; past 7.5 s (half of wave 1's time taken too) the first draw ends it."""
+    for late, stop in ((6.0, 2), (8.0, 1)):
+        meter = BudgetMeter(PosteriorBudget(10.0, None))
+        meter.begin_waves(2)
+        meter.begin_wave(0, 2)
+        meter.start -= late  # as if the wave's processes had taken ``late`` seconds to start
+        assert _wave_draws(meter, [(0, 5), (1, 5)]) == stop and meter.cut == "seconds" and not meter.exhausted
+
+
+def _wave_tree(chains: int, draws: int, tuning: bool = False) -> xr.DataTree:
+    post = xr.Dataset({"k": (("chain", "draw"), np.ones((chains, draws)))},
+                      coords={"chain": np.arange(chains), "draw": np.arange(draws)})
+    stats = xr.Dataset({"n_steps": (("chain", "draw"), np.full((chains, draws), 3.0))}, coords=post.coords)
+    tree = xr.DataTree.from_dict({"posterior": post, "sample_stats": stats})
+    if tuning:
+        tree.attrs["pgpgm_tuning_draws"] = 1
+    return tree
+
+
+def test_waves_are_joined_keeping_the_most_draws():
+    """The waves kept maximise chains x shortest length (PyMC's rule for a stopped call's chains): a
+    wave of 1 draw is left out, not every chain cut to 1 draw; waves of 300 and 200 draws are joined
+    at 200; tuning draws only where no wave has draws after tuning."""
+    one = join_waves([_wave_tree(2, 1), _wave_tree(2, 400)])
+    assert one.posterior.sizes == {"chain": 2, "draw": 400}
+    both = join_waves([_wave_tree(2, 300), _wave_tree(2, 200)])
+    assert both.posterior.sizes == {"chain": 4, "draw": 200} and list(both.posterior.chain.values) == [0, 1, 2, 3]
+    assert join_waves([_wave_tree(2, 50, tuning=True), _wave_tree(2, 10)]).posterior.sizes["draw"] == 10
+    assert join_waves([_wave_tree(2, 50, tuning=True), _wave_tree(2, 30, tuning=True)]).posterior.sizes == {
+        "chain": 4, "draw": 30}
 
 
 def test_a_budget_spent_just_after_tuning_keeps_the_latter_tuning_draws_too():

@@ -616,8 +616,10 @@ class BudgetMeter:
     many iterations as the wave's longest chain (PyMC, when stopped, leaves out a chain with fewer than
     half the longest's: a chain whose process started late, 0.5 s on a loaded 2-core machine, would be
     lost) - or, should one lag more than that, once the wave has used its share and half of what the
-    later waves' shares would be (the last wave: half of its own share beyond the budget). Chains the
-    stop left out anyway are counted (``dropped``) and named in the warning."""
+    later waves' shares would be (the last wave: half of its own share beyond the budget). A wave's
+    share of seconds likewise ends once its chains are balanced, or once half of the later waves' time
+    is spent too (the last wave ends with the budget): starting its processes may take most of a short
+    share. Chains the stop left out anyway are counted (``dropped``) and named in the warning."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
@@ -670,8 +672,15 @@ class BudgetMeter:
         chains, t0, g0 = self.shares
         part = (min(chain if self.wave is None else self.wave, chains - 1) + 1) / chains
         s, g = self.budget.seconds, self.budget.gradient_evaluations
-        if s is not None and self.elapsed() >= t0 + part * (s - t0):
-            return "seconds"
+        if s is not None:
+            ends = t0 + part * (s - t0)  # where this part's time ends
+            if self.wave is None and self.elapsed() >= ends:
+                return "seconds"
+            # a wave's time: once its chains are balanced, or half of the later waves' time is spent
+            # too (the chain processes' start, several seconds, may take much of a short share)
+            if self.wave is not None and self.elapsed() >= ends and (
+                    self._balanced() or self.elapsed() >= ends + 0.5 * (s - ends)):
+                return "seconds"
         if g is None:
             return ""
         end = g0 + part * (g - g0)  # where this part's share ends
@@ -1051,10 +1060,7 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
     PyMC's own scheduling of more chains than processes in one call starts a chain when another
     ends, so that a budget stop there leaves the last chains undrawn.
 
-    Returns the waves' draws joined along ``chain`` (renumbered 0, 1, ...), every chain cut to the
-    shortest; a wave stopped while tuning is left out when another wave has draws after tuning."""
-    import xarray as xr
-
+    Returns the waves' draws joined by :func:`join_waves`."""
     chains, cores, seed = int(kwargs["chains"]), int(kwargs["cores"]), kwargs.get("random_seed")
     initvals = kwargs.get("initvals")
     waves = [list(range(i, min(i + cores, chains))) for i in range(0, chains, cores)]
@@ -1071,9 +1077,27 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
         parts.append(_kept_draws(tree, stopped=meter.stops > stops))
     meter.end_waves()
     meter.exhausted = meter.exhausted or meter.cut
+    tree = join_waves(parts)
+    meter.dropped += chains - int(tree.posterior.sizes["chain"])
+    return tree
+
+
+def join_waves(parts: Sequence):
+    """The draws of :func:`_sample_in_waves`'s waves (``parts``: the trees of :func:`_kept_draws`, in
+    wave order) as one tree: chains joined along ``chain`` (renumbered 0, 1, ...), every chain cut to
+    the shortest. Waves stopped while tuning are left out when another wave has draws after tuning; of
+    the rest, those kept maximise (chains kept) x (shortest length), PyMC's own rule for the chains of
+    a stopped call: a wave stopped after 1 draw (its share spent while its processes started) is left
+    out rather than cutting the others to 1 draw."""
+    import xarray as xr
+
     sampled = [p for p in parts if not p.attrs.get("pgpgm_tuning_draws")]
-    keep = sampled or parts
-    meter.dropped += chains - sum(int(p.posterior.sizes["chain"]) for p in keep)
+    keep = sampled or list(parts)
+    lengths = [int(p.posterior.sizes["draw"]) for p in keep]
+    order = sorted(range(len(keep)), key=lambda i: lengths[i])
+    sizes = [int(keep[i].posterior.sizes["chain"]) for i in order]
+    best = max(range(len(order)), key=lambda j: lengths[order[j]] * sum(sizes[j:]))  # ties: more chains
+    keep = [keep[i] for i in sorted(order[best:])]
     if len(keep) == 1:
         return keep[0]
     n = min(p.posterior.sizes["draw"] for p in keep)
