@@ -414,3 +414,17 @@ def test_a_budget_spent_just_after_tuning_keeps_the_latter_tuning_draws_too():
     assert tree.attrs["pgpgm_tuning_draws"] == 1
     assert tree.posterior.sizes["draw"] == 100 + 3  # the latter 100 tuning iterations, then the 3 draws
     np.testing.assert_array_equal(tree.posterior["k"].values[0, -3:], free.posterior["k"].values[0, :3])
+
+
+def test_a_budget_spent_before_the_first_wave_still_returns_its_first_draws():
+    """A time budget spent before any wave starts (0.01 s: compiling the log density takes longer):
+    the first wave runs to its first draws, the result says the budget ran out and which chains
+    were left out, instead of failing to join no waves."""
+    model, layout, center, sd = _decay_model()
+    with pytest.warns(ConvergenceWarning, match="seconds ran out"):
+        tree = sample_posterior(model, center, sd, draws=200, tune=100, chains=4, cores=2, seed=1,
+                                progressbar=False, budget=PosteriorBudget(0.01, None), max_rounds=1)
+    spent = json.loads(tree.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "seconds" and 1 <= tree.posterior.sizes["chain"] <= 2
+    assert spent["dropped_chains"] == 4 - tree.posterior.sizes["chain"]
+    assert np.all(np.isfinite(tree.posterior["k"].values))

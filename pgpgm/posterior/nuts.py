@@ -1067,7 +1067,7 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
     meter.begin_waves(len(waves))
     parts = []
     for w, idx in enumerate(waves):
-        if meter.check():
+        if w and meter.check():  # the first wave runs (a budget spent before it: its first draws)
             break
         meter.begin_wave(w, len(idx))
         args = {**kwargs, "chains": len(idx), "cores": len(idx), "random_seed": chain_seeds(seed, idx[0]),
@@ -1176,7 +1176,7 @@ def posterior_notes(tree) -> list[str]:
                    + (", while tuning (these draws are tuning iterations)" if tree.attrs.get("pgpgm_tuning_draws")
                       else "")
                    + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn half as much as "
-                      "the others (their processes started late), and they were left out"
+                      "the others (they ran slower or started late), and they were left out"
                       if spent.get("dropped_chains") else "")
                    + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
                    f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
