@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+import xarray as xr
 from pymc.step_methods.hmc.quadpotential import (
     QuadPotentialDiag,
     QuadPotentialDiagAdapt,
@@ -674,12 +675,10 @@ class BudgetMeter:
         s, g = self.budget.seconds, self.budget.gradient_evaluations
         if s is not None:
             ends = t0 + part * (s - t0)  # where this part's time ends
-            if self.wave is None and self.elapsed() >= ends:
-                return "seconds"
             # a wave's time: once its chains are balanced, or half of the later waves' time is spent
             # too (the chain processes' start, several seconds, may take much of a short share)
-            if self.wave is not None and self.elapsed() >= ends and (
-                    self._balanced() or self.elapsed() >= ends + 0.5 * (s - ends)):
+            if self.elapsed() >= ends and (self.wave is None or self._balanced()
+                                           or self.elapsed() >= ends + 0.5 * (s - ends)):
                 return "seconds"
         if g is None:
             return ""
@@ -1019,8 +1018,6 @@ def _kept_draws(tree, stopped: bool = True):
     draws than that half: then that half and the draws (Lotka-Volterra x2 observed, large noise, seed
     3: a 60 s budget stopped 1 draw after 500 tuning iterations, leaving 1 draw per chain and no
     diagnostics). ``stopped``: whether the budget stopped it (else its draws are kept however few)."""
-    import xarray as xr
-
     n_post = tree.posterior.sizes.get("draw", 0) if "posterior" in tree.children else 0
     n_tune = tree["warmup_posterior"].sizes.get("draw", 0) if "warmup_posterior" in tree.children else 0
     out = xr.DataTree()
@@ -1089,8 +1086,6 @@ def join_waves(parts: Sequence):
     the rest, those kept maximise (chains kept) x (shortest length), PyMC's own rule for the chains of
     a stopped call: a wave stopped after 1 draw (its share spent while its processes started) is left
     out rather than cutting the others to 1 draw."""
-    import xarray as xr
-
     sampled = [p for p in parts if not p.attrs.get("pgpgm_tuning_draws")]
     keep = sampled or list(parts)
     lengths = [int(p.posterior.sizes["draw"]) for p in keep]
@@ -1215,8 +1210,6 @@ def extend_chains(tree, more):
     ``posterior`` and ``sample_stats`` joined along ``draw`` (renumbered 0, 1, ...), chain by
     chain; ``more``'s other groups and attributes. ``more`` must continue ``tree``'s chains
     (each chain started at ``tree``'s last draw of that chain)."""
-    import xarray as xr
-
     out = more.copy()
     for group in ("posterior", "sample_stats"):
         joined = xr.concat([tree[group].to_dataset(), more[group].to_dataset()], dim="draw",
