@@ -295,8 +295,10 @@ def test_chains_in_waves_share_the_budget():
     assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "gradient evaluations" and spent["dropped_chains"] == 0
-    # the last wave may run a quarter of the budget over while a late-started chain catches up
-    assert 16000 <= spent["used_gradient_evaluations"] <= 1.25 * 16000 + 4 * 1023
+    # the last wave may run a quarter of the budget over while a late-started chain catches up, and
+    # what the waves drew before their last chain started is not counted
+    late = spent["late_start_gradient_evaluations"]
+    assert 16000 <= spent["used_gradient_evaluations"] <= 1.25 * 16000 + late + 4 * 1023 and late <= 16000
     steps = tree.sample_stats["n_steps"].sum("draw").values  # each chain's leapfrog steps after tuning
     assert steps.min() > 0.5 * steps.max()  # the second wave's chains as long as the first's
 
@@ -318,7 +320,8 @@ def test_a_wave_waits_for_its_slow_chain_and_a_very_slow_one_is_capped():
     """Two waves of two chains, 8000 gradient evaluations: wave 0 ends once *each* of its chains has
     used 2000 (half of its 4000), not once the pair has used 4000 - a chain whose process runs 1.5x
     slower (a loaded machine) is not stopped at two thirds of its part; a chain 10x slower is, once
-    the wave has used 4000 + half of wave 1's 4000 = 6000. Wave 1 then gets what is left, 1000 each."""
+    the wave has used 4000 + half of wave 1's 4000 = 6000 (after its lag). Wave 1 then gets what is left,
+    1000 each."""
     meter = BudgetMeter(PosteriorBudget(None, 8000))
     meter.begin_waves(2)
     meter.begin_wave(0, 2)
@@ -327,8 +330,10 @@ def test_a_wave_waits_for_its_slow_chain_and_a_very_slow_one_is_capped():
     meter = BudgetMeter(PosteriorBudget(None, 8000))
     meter.begin_waves(2)
     meter.begin_wave(0, 2)
-    assert _wave_draws(meter, [*[(0, 10)] * 10, (1, 10)] * 1000) == 600  # 54 x 11 draws, then 6 of chain 0
-    assert meter.wave_gradients == {0: 5460, 1: 540} and not meter.exhausted
+    # 55 x 11 draws, then 6 of chain 0 (the 110 evaluations before chain 1's first draw are the wave's lag)
+    assert _wave_draws(meter, [*[(0, 10)] * 10, (1, 10)] * 1000) == 611
+    assert meter.wave_gradients == {0: 5560, 1: 550} and not meter.exhausted
+    meter.end_wave()
     meter.begin_wave(1, 2)
     assert _wave_draws(meter, [(0, 10), (1, 10)] * 1000) == 200
     assert meter.wave_gradients == {0: 1000, 1: 1000} and meter.cut == "gradient evaluations"
@@ -359,7 +364,53 @@ def test_a_wave_waits_until_a_late_started_chain_would_be_kept():
     meter.dropped = 1  # had a chain been left out anyway, the warning's note says so
     tree = xr.DataTree()
     tree.attrs["pgpgm_budget"] = json.dumps(meter.record())
-    assert "it stopped 1 chain(s) before they had drawn half as much" in posterior_notes(tree)[0]
+    assert "it stopped 1 chain(s) before they had drawn a quarter as much" in posterior_notes(tree)[0]
+
+
+def test_a_waves_gradients_before_its_last_chain_starts_are_not_held_against_it():
+    """Chain 1's process starts 300 draws (3000 gradient evaluations) after chain 0's (processes start
+    seconds apart on a loaded machine; a fast model draws thousands of gradients a second). Those are
+    the wave's lag: its cap (4000 + half of wave 1's 4000) counts from where chain 1 started, so the
+    wave ends at 9020 with chain 1 at 301 draws - counting the lag, it ended at 6000 with chain 1 at 150
+    of chain 0's 450, and PyMC left chain 1 out. The lag (up to the wave's share) is not taken from
+    the budget either, and the record says how much it was."""
+    meter = BudgetMeter(PosteriorBudget(None, 8000))
+    meter.begin_waves(2)
+    meter.begin_wave(0, 2)
+    assert _wave_draws(meter, [(0, 10)] * 300 + [(0, 10), (1, 10)] * 1000) == 300 + 2 * 301
+    assert meter.wave_draws == {0: 601, 1: 301} and meter.gradients == 9020 and not meter.exhausted
+    meter.end_wave()
+    assert meter.late == 3020 and meter.record()["late_start_gradient_evaluations"] == 3020
+    meter.begin_wave(1, 2)
+    assert meter.gradients_left() == 8000 + 3020 - 9020 + 1000  # what is left, and half of it beyond
+    # a chain that never starts: the lag stops growing at the wave's share, and the budget ends the wave
+    meter = BudgetMeter(PosteriorBudget(None, 8000))
+    meter.begin_waves(2)
+    meter.begin_wave(0, 2)
+    assert _wave_draws(meter, [(0, 10)] * 2000) == 1000  # 4000 of lag, then the cap of 6000
+    assert meter.record()["late_start_gradient_evaluations"] == 4000
+
+
+def test_chains_stopped_together_are_cut_to_the_shortest_rather_than_left_out():
+    """When the budget stops chains that run at once, the longer chains' traces end at the shortest's
+    length (PyMC then keeps every chain) - unless the shortest has drawn under a quarter of the
+    longest's iterations; chains run one after another are left as they are."""
+    from types import SimpleNamespace
+
+    def stop(meter, lengths):
+        traces = [SimpleNamespace(draw_idx=n) for n in lengths]
+        with pytest.raises(KeyboardInterrupt):
+            for c, t in enumerate(traces):
+                meter(t, SimpleNamespace(chain=c, stats=[{"tree_size": 10}]))
+        return [t.draw_idx for t in traces]
+
+    for lengths, kept in (([40, 12, 30], [12, 12, 12]), ([40, 9, 30], [40, 9, 30])):
+        meter = BudgetMeter(PosteriorBudget(None, 25))
+        meter.begin_round(3, sequential=False)
+        assert stop(meter, lengths) == kept
+    meter = BudgetMeter(PosteriorBudget(None, 25))
+    meter.begin_round(3, sequential=True)
+    assert stop(meter, [40, 12, 30]) == [40, 12, 30]
 
 
 def test_a_wave_whose_time_share_went_to_starting_its_processes_waits_for_its_chains():

@@ -599,6 +599,13 @@ class PosteriorBudget:
 #: x shortest length), leaving out one with fewer than half the longest's; a process started 0.5 s late
 #: on a loaded 2-core machine (a fast model: 380 iterations per second) lost its chain at the share alone
 WAVE_BALANCE = 0.6
+#: when the budget stops chains that run at once, chains behind the longest are kept (the others cut to
+#: the shortest's iterations, as :func:`join_waves` cuts waves) when the shortest has drawn at least this
+#: fraction of the longest's iterations; PyMC's own rule for a stopped call keeps the chains that maximise
+#: (chains x shortest length), leaving out, of four chains, one with under 3/4 of the others' iterations:
+#: a chain that ran slower (its process started late, or had less of a loaded machine's CPU, or its
+#: trajectories were longer) was judged without, and R-hat lost what it would have said about it
+KEEP_CHAINS = 0.25
 
 
 class BudgetMeter:
@@ -620,7 +627,11 @@ class BudgetMeter:
     later waves' shares would be (the last wave: half of its own share beyond the budget). A wave's
     share of seconds likewise ends once its chains are balanced, or once half of the later waves' time
     is spent too (the last wave ends with the budget): starting its processes may take most of a short
-    share. Chains the stop left out anyway are counted (``dropped``) and named in the warning."""
+    share. A wave's gradient evaluations made before its last chain's first draw (its processes start
+    one after the other: seconds apart on a loaded machine, thousands of gradients of a fast model) are
+    its ``lag``: neither its cap nor the budget counts them, up to the wave's share (``late``: their
+    sum), so that a chain started late is not left out for it. Chains the stop left out anyway are
+    counted (``dropped``) and named in the warning."""
 
     def __init__(self, budget: PosteriorBudget):
         self.budget = budget
@@ -634,14 +645,17 @@ class BudgetMeter:
         self.wave_start = 0  # gradient evaluations used when the current wave began
         self.wave_draws: dict[int, int] = {}  # the current wave's iterations (tuning included) by chain
         self.overrun = 0.0  # gradient evaluations the last wave may use beyond the budget
+        self.late = 0  # gradient evaluations of earlier waves made before their last chain started
+        self.wave_lag: int | None = None  # the current wave's, once its last chain has started
         self.dropped = 0  # chains that a budget stop left out (PyMC drops the short ones)
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
         self.stops = 0  # how many times the callback stopped sampling
+        self.traces: dict[int, object] = {}  # the current call's chains' PyMC traces (the callback's trace=)
 
     def begin_round(self, chains: int, sequential: bool) -> None:
         """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
         self.shares = (chains, self.elapsed(), self.gradients) if sequential and chains > 1 else None
-        self.wave = None
+        self.wave, self.traces = None, {}
 
     def begin_waves(self, waves: int) -> None:
         """Before a round of ``waves`` :func:`pymc.sample` calls: share the budget left among them, wave
@@ -652,14 +666,38 @@ class BudgetMeter:
     def begin_wave(self, wave: int, chains: int) -> None:
         """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
         self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
-        self.wave_draws = {}
+        self.wave_draws, self.wave_lag, self.traces = {}, None, {}
         g = self.budget.gradient_evaluations
         last = self.shares is None or wave == self.shares[0] - 1
-        self.overrun = 0.5 * (g - self.gradients) if last and g is not None else 0.0
+        self.overrun = 0.5 * (g + self.late - self.gradients) if last and g is not None else 0.0
 
     def end_waves(self) -> None:
-        """After the last wave: the shares, and the last wave's overrun, end."""
-        self.wave, self.overrun = None, 0.0
+        """After the last wave (and its :meth:`end_wave`): the shares, and the last wave's overrun, end."""
+        self.wave, self.overrun, self.wave_lag = None, 0.0, None
+
+    def end_wave(self) -> None:
+        """After a wave: its lag is the later waves' to leave out."""
+        self.late += self._lag()
+        self.wave_lag = 0
+
+    def _wave_share(self) -> float:
+        """The current wave's share of gradient evaluations (what was left at its start when it is the
+        last wave; infinite without a gradient budget)."""
+        g = self.budget.gradient_evaluations
+        if g is None:
+            return np.inf
+        if self.shares is None:
+            return g + self.late - self.wave_start
+        waves, _, g0 = self.shares
+        return g0 + (self.wave + 1) / waves * (g - g0) + self.late - self.wave_start
+
+    def _lag(self) -> int:
+        """The current wave's gradient evaluations before its last chain's first draw, up to its share
+        (0 outside waves); still growing while a chain has not started."""
+        if self.wave is None:
+            return 0
+        lag = self.wave_lag if self.wave_lag is not None else self.gradients - self.wave_start
+        return int(min(lag, max(self._wave_share(), 0.0)))
 
     def _balanced(self) -> bool:
         """Whether every chain of the current wave has drawn at least ``WAVE_BALANCE`` times the
@@ -686,13 +724,15 @@ class BudgetMeter:
         if self.wave is None:
             return "gradient evaluations" if self.gradients >= end else ""
         # a wave: each chain's part of what the wave had left at its start; every chain must use it,
-        # and the chains be balanced (PyMC keeps them all)
+        # and the chains be balanced (PyMC keeps them all); the earlier waves' lags are not counted
+        end, g = end + self.late, g + self.late
         left = end - self.wave_start
         counts = self.wave_gradients
         each = all(counts.get(c, 0) >= left / self.wave_chains for c in range(self.wave_chains))
         # the later waves keep at least half of their shares; the last may overrun by half its own
         cap = end + (0.5 * (g - end) if g > end else self.overrun)
-        return "gradient evaluations" if (each and self._balanced()) or self.gradients >= cap else ""
+        used = self.gradients - self._lag()  # nor this wave's lag
+        return "gradient evaluations" if (each and self._balanced()) or used >= cap else ""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -702,7 +742,7 @@ class BudgetMeter:
 
     def gradients_left(self) -> float:
         g = self.budget.gradient_evaluations
-        return np.inf if g is None else g + self.overrun - self.gradients
+        return np.inf if g is None else g + self.overrun + self.late + self._lag() - self.gradients
 
     def check(self) -> str:
         """What has run out now ("" when nothing has); remembered in ``exhausted``."""
@@ -721,19 +761,41 @@ class BudgetMeter:
                 chain = int(getattr(draw, "chain", 0))
                 self.wave_gradients[chain] = self.wave_gradients.get(chain, 0) + steps
                 self.wave_draws[chain] = self.wave_draws.get(chain, 0) + 1
+                if self.wave_lag is None and len(self.wave_draws) == self.wave_chains:
+                    self.wave_lag = self.gradients - self.wave_start  # its last chain has started
+        if trace is not None:
+            self.traces[int(getattr(draw, "chain", 0))] = trace
         if self.check():
             self.stops += 1
+            self._even_out()
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
         spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
         if spent:
             self.cut = self.cut or spent
             self.stops += 1
+            self._even_out()
             raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
+
+    def _even_out(self) -> None:
+        """Before a stop of chains that run at once: when the shortest has drawn at least ``KEEP_CHAINS``
+        times the longest's iterations, the longer chains' traces end at its length, so that PyMC keeps
+        every chain (its rule would leave the shorter out; see ``KEEP_CHAINS``). Chains run one after
+        another (their shares) are left as they are."""
+        if self.shares is not None and self.wave is None:
+            return
+        traces = [t for t in self.traces.values() if isinstance(getattr(t, "draw_idx", None), int)]
+        if len(traces) < 2:
+            return
+        shortest = min(t.draw_idx for t in traces)
+        if shortest >= KEEP_CHAINS * max(t.draw_idx for t in traces):
+            for t in traces:
+                t.draw_idx = shortest  # PyMC's NDArray trace: close() keeps the first draw_idx draws
 
     def record(self) -> dict:
         return {"seconds": self.budget.seconds, "gradient_evaluations": self.budget.gradient_evaluations,
                 "used_seconds": round(self.elapsed(), 3), "used_gradient_evaluations": int(self.gradients),
-                "exhausted": self.exhausted, "dropped_chains": self.dropped}
+                "exhausted": self.exhausted, "dropped_chains": self.dropped,
+                "late_start_gradient_evaluations": int(self.late + self._lag())}
 
 
 #: the step-size target of a further round is raised halfway to 1 (0.9 -> 0.95 -> 0.975 -> 0.9875) but
@@ -1072,6 +1134,7 @@ def _sample_in_waves(meter: BudgetMeter, **kwargs):
         stops = meter.stops
         tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **args)
         parts.append(_kept_draws(tree, stopped=meter.stops > stops))
+        meter.end_wave()
     meter.end_waves()
     meter.exhausted = meter.exhausted or meter.cut
     tree = join_waves(parts)
@@ -1170,8 +1233,8 @@ def posterior_notes(tree) -> list[str]:
                    f"{tree.attrs.get('pgpgm_rounds', 1)} round(s)"
                    + (", while tuning (these draws are tuning iterations)" if tree.attrs.get("pgpgm_tuning_draws")
                       else "")
-                   + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn half as much as "
-                      "the others (they ran slower or started late), and they were left out"
+                   + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn a quarter as much "
+                      "as the others (they ran slower or started late), and they were left out"
                       if spent.get("dropped_chains") else "")
                    + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
                    f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
