@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up on a fresh machine, then runs a job.
 #   ./run.sh experiment [ARGS]   reproduce a published experiment (figure + table in results/)
-#   ./run.sh test [--slow]       run the test suite (--slow adds the long accuracy runs)
+#   ./run.sh test [--slow]       run the test suite (--slow adds the long accuracy runs; 2 processes)
 #   ./run.sh bench NAME          run benchmarks/NAME.py
 #   ./run.sh pgpgm ARGS          any pgpgm CLI command
 # Interpreter: $PGPGM_PYTHON, an active conda env with Python >= 3.12, a python3.1x on PATH,
@@ -69,7 +69,10 @@ case "$cmd" in
     setup
     marker="not slow"
     if [ "${1:-}" = "--slow" ]; then marker=""; shift; fi
-    exec "$PY" -m pytest -m "$marker" -q --durations=20 "$@" ;;
+    # two worker processes, a test file each at a time (its module fixtures built once): most tests keep
+    # one core busy, so two halve the suite's time on a 2-core machine; PGPGM_TEST_WORKERS=0 runs serially
+    workers="${PGPGM_TEST_WORKERS:-2}"
+    exec "$PY" -m pytest -m "$marker" -q --durations=20 -n "$workers" --dist loadfile "$@" ;;
   bench)
     setup
     name="${1:?usage: ./run.sh bench NAME}"; shift

@@ -35,3 +35,16 @@ def scipy_reference(system, theta, x0, times):
                     method="DOP853", t_eval=times, rtol=1e-12, atol=1e-12)
     assert sol.success
     return sol.y.T
+
+
+#: the test files that take longest (seconds in a serial run, 2026-11-27), run first: ``./run.sh test``
+#: hands whole files to its two worker processes in collection order (``--dist loadfile``), and a long
+#: file started last leaves one worker idle while the other finishes it
+SLOW_FILES_FIRST = ("test_posterior.py", "test_notebooks.py", "test_study_noise.py", "test_batch.py",
+                    "test_step4_budget.py", "test_step4_nutpie.py", "test_kernel_cache.py", "test_sampling.py",
+                    "test_observables.py", "test_processes.py", "test_noise_fit.py", "test_gp.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept

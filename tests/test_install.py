@@ -115,7 +115,7 @@ def test_every_extra_is_documented_and_every_documented_extra_exists():
     assert by_extra["reference"] == {"jax", "numpyro", "diffrax"}
     assert not by_extra["reference"] & by_extra["dev"]  # the tests never need the benchmark's sampler
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings"}
-    assert {"pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"} <= by_extra["dev"]
+    assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "nbclient", "nbformat", "ipykernel"} <= by_extra["dev"]
 
 
 def test_no_direct_h5py_requirement_and_sundae_is_capped():
