@@ -391,6 +391,20 @@ def test_a_waves_gradients_before_its_last_chain_starts_are_not_held_against_it(
     assert meter.record()["late_start_gradient_evaluations"] == 4000
 
 
+def test_a_spent_budget_waits_for_a_chain_that_has_not_started():
+    """Chains that run at once, a budget of 100 gradient evaluations: spent by chain 0 while chain 1's
+    process is still starting, the stop waits for chain 1's first draw (an 8 s budget on Lotka-Volterra
+    had kept 1 chain of 1 draw: the processes' start took it all), then stops with both - but not past
+    1.25 times the budget when chain 1 does not come."""
+    meter = BudgetMeter(PosteriorBudget(None, 100))
+    meter.begin_round(2, sequential=False)
+    assert _wave_draws(meter, [(0, 60), (0, 30), (0, 20), (1, 10), (0, 10)]) == 4
+    assert meter.call_draws == {0: 3, 1: 1} and meter.exhausted == "gradient evaluations"
+    meter = BudgetMeter(PosteriorBudget(None, 100))
+    meter.begin_round(2, sequential=False)
+    assert _wave_draws(meter, [(0, 30)] * 10) == 5  # 150: past 1.25 x the budget
+
+
 def test_chains_stopped_together_are_cut_to_the_shortest_rather_than_left_out():
     """When the budget stops chains that run at once, the longer chains' traces end at the shortest's
     length (PyMC then keeps every chain) - unless the shortest has drawn under a quarter of the

@@ -556,7 +556,10 @@ class PosteriorBudget:
         machine or its load. The default, 1000000, leaves the 60 s to bind on a 2-core machine
         (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence).
         Chains in waves (``cores < chains``) may exceed it by up to a quarter while the last wave's
-        late-started chain catches up (see :func:`run_nuts`)
+        late-started chain catches up, and a wave's evaluations before its last chain started are
+        not counted (see :class:`BudgetMeter`). Chains that run at once whose budget is spent before
+        each has drawn (their processes' start) run on to their first draws, up to 1.5 times the
+        seconds and 1.25 times the gradient evaluations
 
     The rounds loop sizes each further round to what is left (from the last round's seconds and
     leapfrog steps per iteration) and starts none that cannot run ``min(draws, 100)`` draws; inside a
@@ -651,11 +654,15 @@ class BudgetMeter:
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
         self.stops = 0  # how many times the callback stopped sampling
         self.traces: dict[int, object] = {}  # the current call's chains' PyMC traces (the callback's trace=)
+        self.call_chains = 0  # how many chains the current pymc.sample call runs
+        self.call_draws: dict[int, int] = {}  # the current call's iterations by chain
+        self.first_draws: dict[int, float] = {}  # when (elapsed s) each chain of the current call first drew
 
     def begin_round(self, chains: int, sequential: bool) -> None:
         """Before a :func:`pymc.sample` call: with ``sequential`` chains, share the budget left among them."""
         self.shares = (chains, self.elapsed(), self.gradients) if sequential and chains > 1 else None
         self.wave, self.traces = None, {}
+        self.call_chains, self.call_draws, self.first_draws = chains, {}, {}
 
     def begin_waves(self, waves: int) -> None:
         """Before a round of ``waves`` :func:`pymc.sample` calls: share the budget left among them, wave
@@ -667,6 +674,7 @@ class BudgetMeter:
         """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
         self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
         self.wave_draws, self.wave_lag, self.traces = {}, None, {}
+        self.call_chains, self.call_draws, self.first_draws = chains, {}, {}
         g = self.budget.gradient_evaluations
         last = self.shares is None or wave == self.shares[0] - 1
         self.overrun = 0.5 * (g + self.late - self.gradients) if last and g is not None else 0.0
@@ -763,9 +771,14 @@ class BudgetMeter:
                 self.wave_draws[chain] = self.wave_draws.get(chain, 0) + 1
                 if self.wave_lag is None and len(self.wave_draws) == self.wave_chains:
                     self.wave_lag = self.gradients - self.wave_start  # its last chain has started
+        chain = int(getattr(draw, "chain", 0))
+        self.call_draws[chain] = self.call_draws.get(chain, 0) + 1
+        self.first_draws.setdefault(chain, self.elapsed())
         if trace is not None:
-            self.traces[int(getattr(draw, "chain", 0))] = trace
+            self.traces[chain] = trace
         if self.check():
+            if self._waits_for_chains():
+                return
             self.stops += 1
             self._even_out()
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
@@ -775,6 +788,27 @@ class BudgetMeter:
             self.stops += 1
             self._even_out()
             raise KeyboardInterrupt  # sequential chains: this one ends, the next one starts
+
+    def _waits_for_chains(self) -> bool:
+        """Whether a spent budget waits before it stops chains that run at once: while one of them has
+        not drawn yet (its process is still starting: a budget shorter than the start kept 1 chain of 1
+        draw), and then while the shortest has under ``KEEP_CHAINS`` of the longest's iterations, for as
+        long again as the chains' first draws were apart (a chain that started late catches up to a
+        quarter in a third of that; one that runs slower is not waited for) - never past 1.5 times the
+        budget's seconds or 1.25 times its gradient evaluations."""
+        if (self.shares is not None and self.wave is None) or self.call_chains < 2:
+            return False
+        s, g = self.budget.seconds, self.budget.gradient_evaluations
+        now = self.elapsed()
+        if (s is not None and now >= 1.5 * s) or (g is not None and self.gradients_left() <= -0.25 * g):
+            return False
+        if len(self.first_draws) < self.call_chains:
+            return True
+        counts = self.call_draws.values()
+        if min(counts) >= KEEP_CHAINS * max(counts):
+            return False
+        starts = self.first_draws.values()
+        return now < 2 * max(starts) - min(starts)
 
     def _even_out(self) -> None:
         """Before a stop of chains that run at once: when the shortest has drawn at least ``KEEP_CHAINS``
