@@ -646,7 +646,6 @@ class BudgetMeter:
         self.wave_gradients: dict[int, int] = {}  # the current wave's gradient evaluations by chain
         self.wave_chains = 0  # how many chains the current wave runs
         self.wave_start = 0  # gradient evaluations used when the current wave began
-        self.wave_draws: dict[int, int] = {}  # the current wave's iterations (tuning included) by chain
         self.overrun = 0.0  # gradient evaluations the last wave may use beyond the budget
         self.late = 0  # gradient evaluations of earlier waves made before their last chain started
         self.wave_lag: int | None = None  # the current wave's, once its last chain has started
@@ -673,7 +672,7 @@ class BudgetMeter:
     def begin_wave(self, wave: int, chains: int) -> None:
         """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
         self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
-        self.wave_draws, self.wave_lag, self.traces = {}, None, {}
+        self.wave_lag, self.traces = None, {}
         self.call_chains, self.call_draws, self.first_draws = chains, {}, {}
         g = self.budget.gradient_evaluations
         last = self.shares is None or wave == self.shares[0] - 1
@@ -706,6 +705,11 @@ class BudgetMeter:
             return 0
         lag = self.wave_lag if self.wave_lag is not None else self.gradients - self.wave_start
         return int(min(lag, max(self._wave_share(), 0.0)))
+
+    @property
+    def wave_draws(self) -> dict[int, int]:
+        """The current wave's iterations (tuning included) by chain."""
+        return self.call_draws
 
     def _balanced(self) -> bool:
         """Whether every chain of the current wave has drawn at least ``WAVE_BALANCE`` times the
@@ -762,18 +766,16 @@ class BudgetMeter:
     def __call__(self, trace=None, draw=None):
         stats = getattr(draw, "stats", None)
         stats = stats[0] if isinstance(stats, list | tuple) and stats else stats
+        chain = int(getattr(draw, "chain", 0))
         if isinstance(stats, Mapping):
             steps = int(stats.get("tree_size", 0) or 0)
             self.gradients += steps
             if self.wave is not None:
-                chain = int(getattr(draw, "chain", 0))
                 self.wave_gradients[chain] = self.wave_gradients.get(chain, 0) + steps
-                self.wave_draws[chain] = self.wave_draws.get(chain, 0) + 1
-                if self.wave_lag is None and len(self.wave_draws) == self.wave_chains:
-                    self.wave_lag = self.gradients - self.wave_start  # its last chain has started
-        chain = int(getattr(draw, "chain", 0))
         self.call_draws[chain] = self.call_draws.get(chain, 0) + 1
         self.first_draws.setdefault(chain, self.elapsed())
+        if self.wave is not None and self.wave_lag is None and len(self.first_draws) == self.wave_chains:
+            self.wave_lag = self.gradients - self.wave_start  # the wave's last chain has started
         if trace is not None:
             self.traces[chain] = trace
         if self.check():
@@ -782,7 +784,7 @@ class BudgetMeter:
             self.stops += 1
             self._even_out()
             raise KeyboardInterrupt  # pm.sample ends the chains and returns what they drew
-        spent = self._share_spent(int(getattr(draw, "chain", 0))) if self.shares is not None else ""
+        spent = self._share_spent(chain) if self.shares is not None else ""
         if spent:
             self.cut = self.cut or spent
             self.stops += 1
