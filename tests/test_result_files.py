@@ -347,13 +347,13 @@ def kill_saves(folder: Path, runs: list[tuple[str, int, int]]) -> dict:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fault injection forks the saving process")
 def test_a_killed_save_never_damages_the_earlier_file(tmp_path):
-    report = kill_saves(tmp_path, [("atomic", 24, 20240601), ("in-place", 8, 7)])
+    report = kill_saves(tmp_path, [("atomic", 16, 20240601), ("in-place", 8, 7)])
     run = report["atomic"]
     outcomes, killed = run["outcomes"], run["killed"]
-    assert len(outcomes) == 24
+    assert len(outcomes) == 16
     assert set(outcomes) <= {"old", "new"}, run  # always a whole file: the earlier one or the new one
     # the kills landed inside the save: most saves were cut short and left the earlier file
-    assert sum(killed) >= 12 and outcomes.count("old") >= 10, run
+    assert sum(killed) >= 8 and outcomes.count("old") >= 6, run
     # a save that finished before the kill left the new result
     assert all(o == "new" for o, k in zip(outcomes, killed) if not k), run
     # a killed save leaves at most its hidden temporary file behind
