@@ -644,7 +644,6 @@ class BudgetMeter:
         self.shares: tuple[int, float, float] | None = None  # parts, seconds, gradients at a round's start
         self.wave: int | None = None  # the wave running now (None: the shares are by chain)
         self.wave_gradients: dict[int, int] = {}  # the current wave's gradient evaluations by chain
-        self.wave_chains = 0  # how many chains the current wave runs
         self.wave_start = 0  # gradient evaluations used when the current wave began
         self.overrun = 0.0  # gradient evaluations the last wave may use beyond the budget
         self.late = 0  # gradient evaluations of earlier waves made before their last chain started
@@ -653,7 +652,7 @@ class BudgetMeter:
         self.cut = ""  # what a sequential chain's (or a wave's) share ran out of (the round was cut short)
         self.stops = 0  # how many times the callback stopped sampling
         self.traces: dict[int, object] = {}  # the current call's chains' PyMC traces (the callback's trace=)
-        self.call_chains = 0  # how many chains the current pymc.sample call runs
+        self.call_chains = 0  # how many chains the current pymc.sample call (or wave) runs
         self.call_draws: dict[int, int] = {}  # the current call's iterations by chain
         self.first_draws: dict[int, float] = {}  # when (elapsed s) each chain of the current call first drew
 
@@ -671,7 +670,7 @@ class BudgetMeter:
 
     def begin_wave(self, wave: int, chains: int) -> None:
         """Before wave ``wave`` (of :meth:`begin_waves`), which runs ``chains`` chains."""
-        self.wave, self.wave_chains, self.wave_gradients, self.wave_start = wave, chains, {}, self.gradients
+        self.wave, self.wave_gradients, self.wave_start = wave, {}, self.gradients
         self.wave_lag, self.traces = None, {}
         self.call_chains, self.call_draws, self.first_draws = chains, {}, {}
         g = self.budget.gradient_evaluations
@@ -714,7 +713,7 @@ class BudgetMeter:
     def _balanced(self) -> bool:
         """Whether every chain of the current wave has drawn at least ``WAVE_BALANCE`` times the
         iterations of its longest chain (then a stop keeps them all)."""
-        draws = [self.wave_draws.get(c, 0) for c in range(self.wave_chains)]
+        draws = [self.wave_draws.get(c, 0) for c in range(self.call_chains)]
         return min(draws) >= WAVE_BALANCE * max(draws)
 
     def _share_spent(self, chain: int) -> str:
@@ -740,7 +739,7 @@ class BudgetMeter:
         end, g = end + self.late, g + self.late
         left = end - self.wave_start
         counts = self.wave_gradients
-        each = all(counts.get(c, 0) >= left / self.wave_chains for c in range(self.wave_chains))
+        each = all(counts.get(c, 0) >= left / self.call_chains for c in range(self.call_chains))
         # the later waves keep at least half of their shares; the last may overrun by half its own
         cap = end + (0.5 * (g - end) if g > end else self.overrun)
         used = self.gradients - self._lag()  # nor this wave's lag
@@ -774,7 +773,7 @@ class BudgetMeter:
                 self.wave_gradients[chain] = self.wave_gradients.get(chain, 0) + steps
         self.call_draws[chain] = self.call_draws.get(chain, 0) + 1
         self.first_draws.setdefault(chain, self.elapsed())
-        if self.wave is not None and self.wave_lag is None and len(self.first_draws) == self.wave_chains:
+        if self.wave is not None and self.wave_lag is None and len(self.first_draws) == self.call_chains:
             self.wave_lag = self.gradients - self.wave_start  # the wave's last chain has started
         if trace is not None:
             self.traces[chain] = trace
