@@ -602,9 +602,9 @@ class PosteriorBudget:
 #: x shortest length), leaving out one with fewer than half the longest's; a process started 0.5 s late
 #: on a loaded 2-core machine (a fast model: 380 iterations per second) lost its chain at the share alone
 WAVE_BALANCE = 0.6
-#: when the budget stops chains that run at once, chains behind the longest are kept (the others cut to
-#: the shortest's iterations, as :func:`join_waves` cuts waves) when the shortest has drawn at least this
-#: fraction of the longest's iterations; PyMC's own rule for a stopped call keeps the chains that maximise
+#: when the budget stops chains that run at once (or waves of them, :func:`join_waves`), chains behind
+#: the longest are kept (the others cut to the shortest's iterations) when the shortest has drawn at
+#: least this fraction of the longest's iterations; PyMC's own rule for a stopped call keeps the chains that maximise
 #: (chains x shortest length), leaving out, of four chains, one with under 3/4 of the others' iterations:
 #: a chain that ran slower (its process started late, or had less of a loaded machine's CPU, or its
 #: trajectories were longer) was judged without, and R-hat lost what it would have said about it
@@ -1181,16 +1181,17 @@ def join_waves(parts: Sequence):
     """The draws of :func:`_sample_in_waves`'s waves (``parts``: the trees of :func:`_kept_draws`, in
     wave order) as one tree: chains joined along ``chain`` (renumbered 0, 1, ...), every chain cut to
     the shortest. Waves stopped while tuning are left out when another wave has draws after tuning; of
-    the rest, those kept maximise (chains kept) x (shortest length), PyMC's own rule for the chains of
-    a stopped call: a wave stopped after 1 draw (its share spent while its processes started) is left
-    out rather than cutting the others to 1 draw."""
+    the rest, a wave is kept when it has at least ``KEEP_CHAINS`` times the longest wave's draws, as
+    chains stopped together are kept (:meth:`BudgetMeter._even_out`): a wave stopped after 1 draw (its
+    share spent while its processes started) is left out rather than cutting the others to 1 draw, and
+    a wave shorter than another for a slower process (a loaded 2-core machine: wave 0's second chain
+    ran 1.8x slower, wave 0 used its share and half of wave 1's, and wave 1 drew 271 draws to wave 0's
+    740) is kept - PyMC's rule, maximising chains x shortest length, had left out its chains, and R-hat
+    what they would have said."""
     sampled = [p for p in parts if not p.attrs.get("pgpgm_tuning_draws")]
     keep = sampled or list(parts)
-    lengths = [int(p.posterior.sizes["draw"]) for p in keep]
-    order = sorted(range(len(keep)), key=lambda i: lengths[i])
-    sizes = [int(keep[i].posterior.sizes["chain"]) for i in order]
-    best = max(range(len(order)), key=lambda j: lengths[order[j]] * sum(sizes[j:]))  # ties: more chains
-    keep = [keep[i] for i in sorted(order[best:])]
+    longest = max(int(p.posterior.sizes["draw"]) for p in keep)
+    keep = [p for p in keep if int(p.posterior.sizes["draw"]) >= KEEP_CHAINS * longest]
     if len(keep) == 1:
         return keep[0]
     n = min(p.posterior.sizes["draw"] for p in keep)
