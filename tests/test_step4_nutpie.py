@@ -140,7 +140,7 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     def call_logp(z):
         grad, value = np.zeros(2), np.zeros(1)
         code = compiled.compiled_logp_func.ctypes(2, z.ctypes.data_as(double_p), grad.ctypes.data_as(double_p),
-                                                  value.ctypes.data_as(double_p), None)
+                                                  value.ctypes.data_as(double_p), compiled.user_data.ctypes.data)
         return code, float(value[0]), grad
 
     gaps = []
@@ -153,7 +153,7 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
         np.testing.assert_allclose(grad, chol.T @ np.array(gradient, float), rtol=1e-9, atol=1e-12)
         draw = np.zeros(compiled.n_expanded)
         assert compiled.compiled_expand_func.ctypes(2, compiled.n_expanded, z.ctypes.data_as(double_p),
-                                                    draw.ctypes.data_as(double_p), None) == 0
+                                                    draw.ctypes.data_as(double_p), compiled.user_data.ctypes.data) == 0
         np.testing.assert_array_equal(draw[:2], z)
         np.testing.assert_allclose(draw[2:], np.concatenate([np.ravel(a) for a in outputs(*u)]), rtol=1e-12)
     np.testing.assert_allclose(gaps, gaps[0], atol=1e-9)
@@ -163,6 +163,62 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     shared = {v.name for v in pytensor.graph.traversal.ancestors([other.logp()])
               if isinstance(v, pytensor.compile.SharedVariable)}
     assert {"pgpgm_white_mean", "pgpgm_white_chol"} <= shared
+
+
+def _callback_values(seed: int, mean: float) -> dict:
+    """The decay model of data seed ``seed``, whitened at (``mean``, 0.7), compiled for nutpie: the
+    callbacks' log density, gradient and draw at two points, the compiled PyTensor functions' own values
+    there (the shared values as they are now), and how many of the two callbacks numba loaded from its
+    cache."""
+    import ctypes
+
+    y = 2.0 * np.exp(-0.8 * T) + np.random.default_rng(seed).normal(0, SD, T.size)
+    obs = as_observations({"time": T, "x": y}, ["x"], DECAY)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    white, keep = whitened_model(model, np.array([mean, 0.7]), np.array([[0.04, 0.01], [0.01, 0.09]]))
+    compiled = compile_whitened(white, keep)
+    p, data = ctypes.POINTER(ctypes.c_double), compiled.user_data.ctypes.data
+    out = []
+    for z in (np.array([0.3, -0.2]), np.array([-1.1, 0.8])):
+        grad, value, draw = np.zeros(2), np.zeros(1), np.zeros(compiled.n_expanded)
+        code = compiled.compiled_logp_func.ctypes(2, z.ctypes.data_as(p), grad.ctypes.data_as(p),
+                                                  value.ctypes.data_as(p), data)
+        compiled.compiled_expand_func.ctypes(2, compiled.n_expanded, z.ctypes.data_as(p), draw.ctypes.data_as(p), data)
+        ref_value, ref_grad = compiled.logp_func(z)
+        (ref_draw,) = compiled.expand_func(z)
+        out.append({"code": int(code), "value": float(value[0]), "grad": grad.tolist(), "draw": draw.tolist(),
+                    "ref_value": float(ref_value), "ref_grad": np.asarray(ref_grad).tolist(),
+                    "ref_draw": np.asarray(ref_draw).tolist()})
+    return {"points": out, "hits": compiled.compiled_logp_func.cache_hits + compiled.compiled_expand_func.cache_hits}
+
+
+def test_the_callbacks_are_cached_by_structure_and_read_each_fits_data():
+    """nutpie's callbacks read the data and the whitening from ``user_data``, so numba caches their code
+    by the model's structure: once this process has compiled (or loaded) them, a fresh process fitting
+    other data at another optimum loads both from the cache (no compilation) and still returns its own
+    log density, gradient and draw - those of PyTensor's function with its shared values - not this
+    process's."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    first = _callback_values(3, -0.2)
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); from test_step4_nutpie import _callback_values; "
+              "print(json.dumps(_callback_values(11, 0.1)))")
+    proc = subprocess.run([sys.executable, "-c", script, str(pathlib.Path(__file__).parent)], env=dict(os.environ),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert second["hits"] == 2  # both callbacks loaded
+    for res in (first, second):
+        for p in res["points"]:
+            assert p["code"] == 0
+            np.testing.assert_allclose(p["value"], p["ref_value"], rtol=1e-12)
+            np.testing.assert_allclose(p["grad"], p["ref_grad"], rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(p["draw"], p["ref_draw"], rtol=1e-12)
+    gaps = [abs(a["value"] - b["value"]) for a, b in zip(first["points"], second["points"])]
+    assert min(gaps) > 1e-3  # other data and another optimum: other values, from the same cached code
 
 
 def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():

@@ -21,13 +21,15 @@ coordinates, and in the whitened ones what is left to adapt is what the Laplace 
 misses (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085, ESS 316
 from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
 
-The whitened model is compiled into nutpie's two C callbacks for every run, inside the budget
-(:func:`compile_whitened`): PyTensor's functions of the log density and of a draw come from
-PyTensor's numba cache (the whitening and the data are shared variables: the functions compiled for
-one optimum serve the next), and numba links them into two small callbacks. What is left is
-PyTensor's graph rewriting and numba's linking: 5.0-5.7 s on Lotka-Volterra x1 and 6.5-7.6 s on
-Protein transduction (11.4 s on a cache miss), against 7.1-8.1 s and 13.0-15.1 s (13.6 and 18.0 s on a
-miss) for ``nutpie.compile_pymc_model`` on the same model (``./run.sh bench posterior --compile``).
+The whitened model is compiled into nutpie's two C callbacks inside the budget
+(:func:`compile_whitened`): PyTensor's functions of the log density and of a draw, and two small
+callbacks around them that read the data and the whitening from nutpie's ``user_data``. Their code
+depends on the model's structure alone, so numba caches it: a fit of a model of the same structure
+(new data, a new optimum, a new process) loads both callbacks, and what is left is PyTensor's graph
+rewriting. Measured on this project's slower VM (``./run.sh bench posterior --compile --ways pgpgm``,
+a new process each, 2026-11-28): 2.6-4.1 s on Lotka-Volterra x1, 6.4-7.8 s on protein transduction,
+1.6-3.1 s on FitzHugh-Nagumo R, against 10.4-11.3, 16.2-28.4 and 10.6-20.7 s when numba linked the
+callbacks afresh for every run; the first fit of a new structure still compiles them (8-25 s).
 
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
@@ -171,6 +173,42 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     return white, [var.name for var in outputs]
 
 
+#: nutpie's log-density callback: 0, or why the point is rejected; ``{args}`` reads the function's shared
+#: values from nutpie's ``user_data`` (one float64 buffer ``buf``, :func:`_shared_layout`)
+_LOGP_SOURCE = """
+def logp_c(dim, x_, out_, logp_, user_data_):
+    if dim != {n_dim}:
+        return -1
+    buf = numba.carray(user_data_, ({n_buf},), np.float64)
+    try:
+        value, gradient = core(numba.carray(x_, ({n_dim},)){args})
+    except Exception:  # a C callback cannot raise
+        return 1
+    logp_[0] = value[()]
+    for i in range({n_dim}):
+        out_[i] = gradient[i]
+        if not np.isfinite(gradient[i]):
+            return 3
+    return 0 if np.isfinite(value[()]) else 4
+"""
+#: nutpie's callback filling a draw of the trace
+_EXPAND_SOURCE = """
+def expand_c(dim, expanded, x_, out_, user_data_):
+    if dim != {n_dim} or expanded != {n_expanded}:
+        return -1
+    buf = numba.carray(user_data_, ({n_buf},), np.float64)
+    try:
+        (values,) = core(numba.carray(x_, ({n_dim},)){args})
+    except Exception:  # a C callback cannot raise
+        return -2
+    for i in range({n_expanded}):
+        out_[i] = values[i]
+    return 0
+"""
+#: part of the callbacks' cache key: a new value never loads callbacks compiled from an older template
+CALLBACK_VERSION = "1"
+
+
 def compile_whitened(white, keep: list[str]):
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
@@ -179,10 +217,12 @@ def compile_whitened(white, keep: list[str]):
     Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
     figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
     cache (the whitening and the data are shared variables, so a fit of new data or a new optimum
-    finds the functions compiled for the last one), and each callback is a few lines around them,
-    their shared values frozen in as constants. nutpie's own callbacks read the shared values from a
-    record at every call and check the outputs with NumPy's functions, which numba types afresh in
-    every run; they cost the more time.
+    finds the functions compiled for the last one), and each callback is a few lines around them
+    (:func:`_callback`) that read the shared values from nutpie's ``user_data``, one float64 buffer
+    (:func:`_shared_layout`). The callbacks' compiled code therefore depends on the model's structure
+    alone, and numba caches it beside PyTensor's functions: a later fit of a model of the same
+    structure, in any process, loads them instead of compiling them again (typing and linking the
+    cached functions into the callbacks took most of the compilation: 9.5 of 11.7 s on Lotka-Volterra).
 
     Returns a ``nutpie.compile_pymc.CompiledPyMCModel``.
     """
@@ -190,7 +230,7 @@ def compile_whitened(white, keep: list[str]):
     import pandas as pd
     import pytensor
     import pytensor.tensor as pt
-    from nutpie.compile_pymc import CompiledPyMCModel, make_user_data
+    from nutpie.compile_pymc import CompiledPyMCModel
     from pymc.pytensorf import compile as compile_pymc
     from pytensor.graph import clone_replace
 
@@ -211,37 +251,14 @@ def compile_whitened(white, keep: list[str]):
     shapes = [(n_dim,), *[tuple(int(n) for n in shape) for shape in shapes]]
     ends = np.cumsum([int(np.prod(shape)) for shape in shapes])
     n_expanded = int(ends[-1])
-    logp_grad, expand = _of_x_alone(logp_fn), _of_x_alone(expand_fn)
-
-    def logp_c(dim, x_, out_, logp_, user_data_):  # nutpie's logp callback: 0, or why the point is rejected
-        if dim != n_dim:
-            return -1
-        try:
-            value, gradient = logp_grad(numba.carray(x_, (n_dim,)))
-        except Exception:  # noqa: BLE001 - a C callback cannot raise
-            return 1
-        logp_[0] = value[()]
-        for i in range(n_dim):
-            out_[i] = gradient[i]
-            if not np.isfinite(gradient[i]):
-                return 3
-        return 0 if np.isfinite(value[()]) else 4
-
-    def expand_c(dim, expanded, x_, out_, user_data_):  # nutpie's callback filling a draw of the trace
-        if dim != n_dim or expanded != n_expanded:
-            return -1
-        try:
-            (values,) = expand(numba.carray(x_, (n_dim,)))
-        except Exception:  # noqa: BLE001 - a C callback cannot raise
-            return -2
-        for i in range(n_expanded):
-            out_[i] = values[i]
-        return 0
-
+    buffer, where = _shared_layout([logp_fn, expand_fn])
     types = numba.types
     pointer = types.CPointer(types.double)
-    logp_cfunc = numba.cfunc(types.int64(types.uint64, pointer, pointer, pointer, types.voidptr))(logp_c)
-    expand_cfunc = numba.cfunc(types.int64(types.uint64, types.uint64, pointer, pointer, types.voidptr))(expand_c)
+    logp_cfunc = _callback(_LOGP_SOURCE, "logp_c", logp_fn, where, buffer.size,
+                           types.int64(types.uint64, pointer, pointer, pointer, types.voidptr), n_dim=n_dim)
+    expand_cfunc = _callback(_EXPAND_SOURCE, "expand_c", expand_fn, where, buffer.size,
+                             types.int64(types.uint64, types.uint64, pointer, pointer, types.voidptr),
+                             n_dim=n_dim, n_expanded=n_expanded)
     coords = {name: pd.Index(values if values is not None else range(int(white.dim_lengths[name].eval())))
               for name, values in white.coords.items()}
     coords["unconstrained_parameter"] = pd.Index([f"{WHITE}_{i}" for i in range(n_dim)])
@@ -252,26 +269,55 @@ def compile_whitened(white, keep: list[str]):
     return CompiledPyMCModel(
         _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=coords, _shapes=dict(zip(names, shapes)),
         compiled_logp_func=logp_cfunc, compiled_expand_func=expand_cfunc, initial_point_func=initial_point,
-        shared_data={}, shared_var_keys={}, user_data=make_user_data({}, {}), n_expanded=n_expanded,
+        shared_data={}, shared_var_keys={}, user_data=buffer, n_expanded=n_expanded,
         shape_info=(names, [slice(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends)], shapes),
         logp_func=logp_fn, expand_func=expand_fn, reparameterized_names=[])
 
 
-def _of_x_alone(fn):
-    """A numba function of x alone: PyTensor function ``fn``'s jitted core (inputs x and then ``fn``'s shared
-    variables) with the shared variables' present values frozen in as constants."""
+def _shared_layout(fns) -> tuple[np.ndarray, dict]:
+    """The present values of the shared variables of PyTensor functions ``fns``, each once, flattened into
+    one float64 buffer (n,) - nutpie hands its address to both callbacks as ``user_data`` - and where each
+    lies: ``{variable: (start, end, shape, dtype)}``. Integer and boolean values are carried as floats
+    (exactly, or a ValueError)."""
+    where, parts, n = {}, [], 0
+    for fn in fns:
+        for var in fn.get_shared():
+            if var in where:
+                continue
+            value = np.asarray(var.get_value())
+            flat = value.ravel().astype(np.float64)
+            if value.dtype != np.float64 and not np.array_equal(flat.astype(value.dtype), value.ravel()):
+                raise ValueError(f"shared variable {var.name!r} ({value.dtype}) is not exact as float64")
+            where[var] = (n, n + value.size, value.shape, value.dtype)
+            parts.append(flat)
+            n += value.size
+    buffer = np.concatenate(parts) if parts else np.zeros(1)
+    return np.ascontiguousarray(buffer), where
+
+
+def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature, **sizes):
+    """The C callback ``name`` of ``source`` around PyTensor function ``fn``'s jitted core (called with x
+    and then ``fn``'s shared values, read from the buffer of :func:`_shared_layout` at ``where``),
+    compiled by numba for ``signature`` - and cached, under a key of PyTensor's key for ``fn`` and the
+    callback's source (its sizes and the shared values' places), where PyTensor caches ``fn``."""
+    import hashlib
+
     import numba
+    from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 
+    args = ""
+    for var in fn.get_shared():
+        start, end, shape, dtype = where[var]
+        piece = f"buf[{start}:{end}]" if dtype == np.float64 else f"buf[{start}:{end}].astype(np.{dtype.name})"
+        args += f", {piece}.reshape({tuple(int(n) for n in shape)!r})"
+    text = source.format(args=args, n_buf=max(int(n_buffer), 1), **sizes)
     core = fn.vm.jit_fn
-    shared = tuple(np.array(var.get_value(), order="C") for var in fn.get_shared())
-    for value in shared:
-        value.flags.writeable = False  # numba freezes read-only arrays as constants of the callback
-
-    @numba.njit
-    def of_x(x):
-        return core(x, *shared)
-
-    return of_x
+    inner = CACHED_SRC_FUNCTIONS.get(core.py_func)  # None when PyTensor does not cache fn
+    key = None if inner is None else hashlib.sha256(f"{CALLBACK_VERSION}|{inner}|{text}".encode()).hexdigest()
+    # __name__: numba rebuilds a cached function's globals from this (importable) module
+    py_func = compile_numba_function_src(text, name, {"__name__": __name__, "numba": numba, "np": np, "core": core},
+                                         cache_key=key)
+    return numba.cfunc(signature, cache=key is not None)(py_func)
 
 
 def _quietly(get: Callable[[], xr.DataTree]) -> xr.DataTree:

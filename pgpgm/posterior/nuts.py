@@ -522,8 +522,10 @@ def auto_sampler(model: pm.Model) -> str:
 
     Measured (``benchmarks/RESULTS.md``, the 40 published fits, one run each, quiet machine): nutpie
     converged 35 in a median 34.4 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
-    compiles the model for every run inside the budget (6-17 s on the published models; a 6-state
-    repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC drew 150)."""
+    compiles the model inside the budget (its callbacks are cached by the model's structure, so that
+    a later fit of the same structure pays 2-8 s, but the first one 8-25 s on the published models;
+    a 6-state repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC
+    drew 150)."""
     return "nutpie" if _scalar_values(model) and _has_nutpie() else "pymc"
 
 
