@@ -75,6 +75,37 @@ def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
         assert a.std() == pytest.approx(b.std(), rel=0.15), name
 
 
+def test_no_check_is_begun_that_would_end_past_the_time_budget():
+    """Each convergence check reads nutpie's whole trace while the chains sample (0.8-3.3 s on
+    Lotka-Volterra; one begun at 58 s of a 60 s budget ended at 61.5 s). With 0.1 s left all along and
+    checks that take 0.3 s, only the first is begun (nothing known of their time before it); with no
+    time limit every check point the run reaches is checked. The gradient budget ends both runs."""
+    import time
+
+    from pgpgm.posterior.nutpie_engine import sample_nutpie
+
+    model, center, sd = _decay_model()
+
+    def run(seconds_left):
+        calls = []
+
+        def converged(so_far):
+            calls.append(int(so_far.posterior.sizes["draw"]))
+            time.sleep(0.3)
+            return False
+
+        tree = sample_nutpie(model, center, draws=100, tune=100, chains=2, seed=1, target_accept=0.9,
+                             max_treedepth=10, max_draws=100_000, spent=lambda steps: steps >= 8_000,
+                             converged=converged, seconds_left=seconds_left,
+                             whiten=(np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])))
+        return calls, int(tree.posterior.sizes["draw"])
+
+    few, n_few = run(lambda: 0.1)
+    many, _ = run(None)
+    assert few == [100] and n_few > 100  # one check; the draws up to the end are returned
+    assert len(many) >= 3 and many[:3] == [100, 125, 157]
+
+
 def test_equal_chains_cuts_every_chain_to_the_shortest():
     """nutpie pads a chain that drew less with NaN (step size too): every group is cut to the draws all
     chains have."""

@@ -1026,7 +1026,7 @@ def run_nuts(
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
                              max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged,
-                             whiten=whiten)
+                             whiten=whiten, seconds_left=meter.seconds_left)
         tree = _kept_draws(tree, stopped=bool(meter.exhausted))  # stopped while tuning: its latter half
         n = int(tree.posterior.sizes["draw"])
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
