@@ -42,6 +42,7 @@ tuned for the whole 60 s); ``sample_stats`` holds nutpie's ``n_steps`` and ``div
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -310,8 +311,6 @@ def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature,
     and then ``fn``'s shared values, read from the buffer of :func:`_shared_layout` at ``where``),
     compiled by numba for ``signature`` - and cached, under a key of PyTensor's key for ``fn`` and the
     callback's source (its sizes and the shared values' places), where PyTensor caches ``fn``."""
-    import hashlib
-
     import numba
     from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 
