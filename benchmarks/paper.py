@@ -73,8 +73,9 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated METRIC:TUNE[:CORES[:RTOL]] step-4 variants (METRIC adapt, laplace, or nutpie / auto: "
-                         "that engine), e.g. adapt:500,laplace:200, adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
+                    help="comma-separated METRIC:TUNE[:CORES[:RTOL]] step-4 variants (METRIC adapt or laplace: PyMC's "
+                         "NUTS with that first metric; nutpie or auto: that engine), e.g. adapt:500,laplace:200, "
+                         "adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
     a = ap.parse_args()
     variants = [None] if not a.variants else [parse_variant(v) for v in a.variants.split(",")]
@@ -88,7 +89,7 @@ def main() -> None:
             extra = {} if variant is None else {"posterior": (
                 pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2], rtol=variant[3])
                 if variant[0] in ("nutpie", "auto") else
-                pgpgm.NUTS(tune=variant[1], metric=variant[0], cores=variant[2], rtol=variant[3]))}
+                pgpgm.NUTS(tune=variant[1], metric=variant[0], sampler="pymc", cores=variant[2], rtol=variant[3]))}
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
             label = None if variant is None else ":".join("" if v is None else str(v) for v in variant).rstrip(":")

@@ -235,8 +235,9 @@ def resolve_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None) -> t
 
 
 def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
-    """Fit one job in this process as a worker of :func:`fit_many` does: NUTS chains one after
-    the other (``cores=1``), no progress bar, warnings collected. (The workers' BLAS runs one
+    """Fit one job in this process as a worker of :func:`fit_many` does: ``cores=1`` (PyMC's NUTS
+    chains one after the other; nutpie's chains, threads, share the worker's core), no progress bar,
+    warnings collected. (The workers' BLAS runs one
     thread: dask's nanny sets ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
     ``MKL_NUM_THREADS`` to 1 before it starts a worker process; this function changes
     nothing in the calling process.)
@@ -444,8 +445,9 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     Each worker is a process with one thread whose BLAS runs one thread (the default
     LocalCluster's nanny sets ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
     ``MKL_NUM_THREADS`` to 1 before starting it, as dask's nannies do by default; start
-    workers of your own cluster with a nanny, the ``dask worker`` default) and runs NUTS
-    chains one after the other (``cores=1``): the parallelism is across fits. A fit on a
+    workers of your own cluster with a nanny, the ``dask worker`` default) and fits with ``cores=1``
+    (PyMC's NUTS chains one after the other; nutpie's threads share the core): the parallelism is
+    across fits. A fit on a
     worker gives the same numbers as :func:`pgpgm.fit` in this process with the same
     options and seed. A worker that dies (e.g. out of memory) fails
     its job only (after dask's retries on other workers). Files are written by the workers

@@ -63,8 +63,8 @@ class NUTS:
     """Step 4 by NUTS on the ODE model (:func:`pgpgm.posterior.nuts.run_nuts`).
 
     draws, tune, chains : per chain; rounds : most NUTS rounds while R-hat, ESS or divergences
-    fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"pymc"``
-    (default), ``"nutpie"`` or ``"auto"`` (nutpie where every value variable is a scalar, else PyMC);
+    fail; budget : a :class:`PosteriorBudget`, seconds, or None (no limit); sampler : ``"auto"``
+    (default: nutpie where every value variable is a scalar, else PyMC), ``"nutpie"`` or ``"pymc"``;
     cores : processes (default: one per chain, at most the CPUs); metric : the first
     round's mass matrix, ``"adapt"`` or ``"laplace"`` (see :func:`pgpgm.posterior.nuts.run_nuts`);
     rtol : the relative tolerance of step 4's ODE solves (default
@@ -77,7 +77,7 @@ class NUTS:
     chains: int = 4
     rounds: int = MAX_ROUNDS
     budget: PosteriorBudget | float | None = PosteriorBudget()
-    sampler: str = "pymc"
+    sampler: str = "auto"
     cores: int | None = None
     metric: str = "adapt"
     rtol: float | None = POSTERIOR_RTOL
@@ -254,7 +254,7 @@ def fit(
     posterior_chains: int = 4,
     posterior_rounds: int = MAX_ROUNDS,
     posterior_budget: PosteriorBudget | float | None = PosteriorBudget(),
-    nuts_sampler: str = "pymc",
+    nuts_sampler: str = "auto",
     cores: int | None = None,
     progressbar: bool = True,
     stop="agree",
@@ -280,10 +280,11 @@ def fit(
     ``posterior`` : a :class:`NUTS` or :class:`Laplace` object, or None; the names ``"nuts"``
     (default) and ``"laplace"`` build one from the flat ``posterior_*`` arguments. ``"nuts"``:
     ``posterior_chains`` chains of ``posterior_tune``
-    + ``posterior_draws`` NUTS iterations, in parallel processes (``cores``), with
-    ``nuts_sampler`` ``"pymc"`` (default), ``"nutpie"`` (whitened by the Laplace approximation, with
-    nutpie's low-rank adaptation) or ``"auto"`` (nutpie where every value variable is a scalar, else
-    PyMC, :func:`pgpgm.posterior.nuts.auto_sampler`); with ``"pymc"``, up to ``posterior_rounds``
+    + ``posterior_draws`` NUTS iterations, in parallel, with ``nuts_sampler`` ``"auto"`` (default:
+    nutpie where every value variable is a scalar - every fit of one experiment - else PyMC,
+    :func:`pgpgm.posterior.nuts.auto_sampler`), ``"nutpie"`` (chains as threads, whitened by the Laplace
+    approximation, with nutpie's low-rank adaptation) or ``"pymc"`` (chains as processes, ``cores``);
+    with ``"pymc"``, up to ``posterior_rounds``
     rounds while the draws fail R-hat <= 1.01, ESS >= 400 or have divergences, see
     :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; with ``"nutpie"`` one run that ends
     when R-hat and ESS pass (up to ``posterior_draws * 2 ** (posterior_rounds - 1)`` draws per chain);

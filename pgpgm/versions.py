@@ -23,13 +23,12 @@ OPTIONAL_MODULES = MappingProxyType({
     "tabulate": "tables",    # Markdown tables in the CLI summary
     "dask": "dask",          # fits on a dask cluster
     "distributed": "dask",
-    "nutpie": "nutpie",      # NUTS through nutpie
 })
 
 #: Distributions reported, in order (optional ones say how to install them when absent).
 _CORE = ("pymc", "pytensor", "arviz", "numpy", "scipy", "sympy", "numba", "llvmlite", "xarray", "pandas",
-         "h5netcdf", "h5py", "scikit-sundae", "matplotlib")
-_OPTIONAL = (("tabulate", "tables"), ("dask", "dask"), ("distributed", "dask"), ("nutpie", "nutpie"))
+         "h5netcdf", "h5py", "scikit-sundae", "matplotlib", "nutpie")
+_OPTIONAL = (("tabulate", "tables"), ("dask", "dask"), ("distributed", "dask"))
 
 
 def _version(dist: str) -> str | None:
@@ -56,7 +55,7 @@ def version_info() -> dict[str, str]:
     Labels: ``python``, ``executable``, ``platform``, ``pgpgm``, one per core dependency
     (``pymc``, ``pytensor``, ``arviz``, ``numpy``, ``scipy``, ``sympy``, ``numba``,
     ``llvmlite``, ``xarray``, ``pandas``, ``h5netcdf``, ``h5py``, ``scikit-sundae``,
-    ``matplotlib``), the optional ``tabulate``, ``dask``, ``distributed``, ``nutpie``,
+    ``matplotlib``, ``nutpie``), the optional ``tabulate``, ``dask``, ``distributed``,
     then ``SUNDIALS``, ``SUNDIALS library``, ``ODE backend``, ``numba cache`` and
     ``PyTensor compiledir``.
     """

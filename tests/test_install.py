@@ -110,7 +110,7 @@ def test_every_extra_is_documented_and_every_documented_extra_exists():
     _, by_extra = _requirements()
     # docs: the site; reference: benchmarks/posterior_reference.py's independent sampler (no module of pgpgm)
     assert set(OPTIONAL_MODULES.values()) | {"dev", "docs", "reference"} == set(by_extra)
-    assert by_extra["tables"] == {"tabulate"} and by_extra["nutpie"] == {"nutpie"}
+    assert by_extra["tables"] == {"tabulate"}
     assert by_extra["dask"] == {"dask"}
     assert by_extra["reference"] == {"jax", "numpyro", "diffrax"}
     assert not by_extra["reference"] & by_extra["dev"]  # the tests never need the benchmark's sampler

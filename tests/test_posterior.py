@@ -133,7 +133,7 @@ def test_unconverged_posterior_warns_naming_the_parameters():
     obs = _decay_data(0.8, 2.0, seed=3)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": SD}, draws=30, tune=30, chains=2,
-                            cores=1, seed=0, progressbar=False)
+                            cores=1, seed=0, progressbar=False, max_rounds=1)  # 30 draws per chain, no more
     diag = diagnose(tree, layout.free)
     from pgpgm.posterior.diagnostics import problems, warn_if_unconverged
 
@@ -381,7 +381,7 @@ def test_a_failed_first_round_is_followed_by_a_pooled_round_that_converges():
     obs = _decay_data(0.8, 2.0, seed=3)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.5, "x_0": 0.01}  # badly scaled seed
-    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, progressbar=False)
+    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, progressbar=False, nuts_sampler="pymc")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         more = sample_posterior(model, start, sd, max_rounds=3, **kw)
@@ -459,7 +459,7 @@ def test_step4_compiled_once_serves_a_second_data_set_with_its_own_numbers(fhn):
             warnings.simplefilter("ignore")
             model, layout = build_ode_model(fhn.system, ds, x0=x0, noise_center=[center], **kw)
             sample_posterior(model, q, {n: 0.01 for n in q}, draws=5, tune=5, chains=1, cores=1, seed=0,
-                             progressbar=False)
+                             progressbar=False, nuts_sampler="pymc")  # PyMC's compiled function
             fn = model.logp_dlogp_function(ravel_inputs=True)  # NUTS's log density and gradient
             fn.set_extra_values({})
             point = ValueSpace(model).point(q)
@@ -545,7 +545,8 @@ def _decay_rounds(max_rounds: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": 0.05}, draws=200, tune=200,
-                                chains=4, cores=1, seed=1, max_rounds=max_rounds, progressbar=False)
+                                chains=4, cores=1, seed=1, max_rounds=max_rounds, progressbar=False,
+                                nuts_sampler="pymc")  # PyMC's rounds
     return tree, model, layout
 
 

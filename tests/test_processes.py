@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
     with threadpool_limits(limits=int(sys.argv[1])):
         fit = pgpgm.fit(system, data, ["x"], priors=(0.0, 5.0), draws=60, tune=60, chains=2, posterior="nuts",
                         posterior_draws=40, posterior_tune=40, posterior_chains=2, posterior_rounds=1, cores=2,
-                        progressbar=False, seed=3)
+                        progressbar=False, seed=3, nuts_sampler="pymc")  # PyMC's chain processes
     out["draws"] = {v: fit.posterior.posterior[v].values.tolist() for v in ("k", "c", "x_0", "sigma_x")}
     if "all" in sys.argv:
         from pgpgm.batch import FitJob, fit_many

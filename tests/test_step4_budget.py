@@ -49,12 +49,13 @@ def test_budget_arguments_are_checked():
 
 
 def test_a_gradient_budget_stops_the_chains_and_says_so():
-    """4000 draws per chain would take ~60000 leapfrog steps; a budget of 3000 stops the chains once
-    3000 are spent (counted exactly, tuning included), keeps the draws made, and warns naming it."""
+    """4000 draws per chain would take ~60000 leapfrog steps; a budget of 3000 stops PyMC's chains once
+    3000 are spent (counted exactly, tuning included), keeps the draws made, and warns naming it.
+    (nutpie's count is read every POLL seconds: tests/test_step4_nutpie.py.)"""
     model, layout, center, sd = _decay_model()
     with pytest.warns(ConvergenceWarning, match="budget.*gradient evaluations ran out"):
         tree = sample_posterior(model, center, sd, draws=4000, tune=200, chains=2, cores=1, seed=1,
-                                progressbar=False, budget=PosteriorBudget(None, 3000))
+                                progressbar=False, budget=PosteriorBudget(None, 3000), nuts_sampler="pymc")
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "gradient evaluations"
     assert 3000 <= spent["used_gradient_evaluations"] <= 3000 + 1023  # the last draw's tree at most
@@ -132,7 +133,7 @@ def test_a_round_the_budget_cannot_afford_is_not_started():
     obs = _data(DECAY, 0.8)
     model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     start, sd = {"k": 0.8, "x_0": float(obs.values[0, 0])}, {"k": 0.2, "x_0": 0.01}
-    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=2, progressbar=False)
+    kw = dict(draws=200, tune=30, chains=4, cores=1, seed=2, max_rounds=2, progressbar=False, nuts_sampler="pymc")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one = sample_posterior(model, start, sd, **{**kw, "max_rounds": 1})
@@ -264,7 +265,7 @@ def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):
 
     model, layout, center, sd = _decay_model()
     kw = dict(draws=60, tune=60, chains=4, seed=3, progressbar=False, warn=False, max_rounds=1,
-              budget=PosteriorBudget(None, 10**7))
+              budget=PosteriorBudget(None, 10**7), nuts_sampler="pymc")
     calls = []
     real = nuts.sample_in_processes
 
@@ -472,7 +473,7 @@ def test_a_budget_spent_just_after_tuning_keeps_the_latter_tuning_draws_too():
     same seed: the draws are the same up to the stop) keeps the latter half of the tuning iterations
     with those draws, not a handful of draws that no diagnostic can judge."""
     model, layout, center, sd = _decay_model()
-    kw = dict(draws=300, tune=200, chains=1, cores=1, seed=4, progressbar=False, max_rounds=1)
+    kw = dict(draws=300, tune=200, chains=1, cores=1, seed=4, progressbar=False, max_rounds=1, nuts_sampler="pymc")
     free = sample_posterior(model, center, sd, warn=False, **kw)
     per_draw = free.sample_stats["n_steps"].values[0]
     spent_tuning = json.loads(free.attrs["pgpgm_round_gradient_evaluations"])  # after tuning only
@@ -493,7 +494,8 @@ def test_a_budget_spent_before_the_first_wave_still_returns_its_first_draws():
     model, layout, center, sd = _decay_model()
     with pytest.warns(ConvergenceWarning, match="seconds ran out"):
         tree = sample_posterior(model, center, sd, draws=200, tune=100, chains=4, cores=2, seed=1,
-                                progressbar=False, budget=PosteriorBudget(0.01, None), max_rounds=1)
+                                progressbar=False, budget=PosteriorBudget(0.01, None), max_rounds=1,
+                                nuts_sampler="pymc")  # PyMC's waves
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "seconds" and 1 <= tree.posterior.sizes["chain"] <= 2
     assert spent["dropped_chains"] == 4 - tree.posterior.sizes["chain"]

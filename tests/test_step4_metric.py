@@ -40,7 +40,7 @@ def _run(model, cov_seed: np.ndarray, metric: str = "laplace"):
     sd = {n: float(np.sqrt(cov_seed[i, i])) for i, n in enumerate(NAMES)}
     return run_nuts(model, {n: 0.0 for n in NAMES}, sd, covariance=(NAMES, cov_seed), draws=300, tune=100,
                     chains=2, cores=1, seed=1, max_rounds=1, budget=None, progressbar=False, warn=False,
-                    metric=metric)
+                    metric=metric, nuts_sampler="pymc")  # PyMC's metric
 
 
 def test_a_known_covariance_as_fixed_metric_needs_far_fewer_gradients_than_identity():

@@ -98,7 +98,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     (``warmup_posterior``, ``warmup_sample_stats``: a run the budget stopped while tuning has no other
     draws); whether the budget ended the run is what ``spent`` last said (its caller's meter keeps it).
     """
-    import nutpie  # an optional dependency (pip install pgpgm[nutpie])
+    import nutpie  # imported on first use: it loads pyarrow and its Rust core
 
     if whiten is None:
         compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")

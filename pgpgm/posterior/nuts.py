@@ -516,16 +516,19 @@ NUTS_SAMPLERS = ("pymc", "nutpie", "auto")
 
 
 def auto_sampler(model: pm.Model) -> str:
-    """The engine ``nuts_sampler="auto"`` runs on ``model``: ``"nutpie"`` (whitened by the refinement's
-    Laplace approximation, :data:`pgpgm.posterior.nutpie_engine.ADAPTATION`) where every value variable
-    is a scalar, else ``"pymc"`` (a study's vector-valued random effects).
+    """The engine ``nuts_sampler="auto"`` (the default) runs on ``model``: ``"nutpie"`` (whitened by the
+    refinement's Laplace approximation, :data:`pgpgm.posterior.nutpie_engine.ADAPTATION`) where every
+    value variable is a scalar, else ``"pymc"`` (vector-valued variables, which the whitening does not
+    cover; and wherever nutpie cannot be imported). :func:`pgpgm.fit_study` runs PyMC's rounds for a
+    hierarchical model, whose population-sd funnel no Laplace approximation describes.
 
-    Measured (``benchmarks/RESULTS.md``, the 40 published fits, one run each, quiet machine): nutpie
-    converged 35 in a median 34.4 s of step 4, PyMC's rounds 29 in 59.4 s. Not the default: nutpie
-    compiles the model inside the budget (its callbacks are cached by the model's structure, so that
-    a later fit of the same structure pays 2-8 s, but the first one 8-25 s on the published models;
-    a 6-state repressilator and a 10-state chain compiled and tuned for the whole 60 s, where PyMC
-    drew 150)."""
+    Measured side by side on this project's slower VM (``benchmarks/RESULTS.md``, 2026-11-28): the 40
+    published fits converged 31 times with nutpie in a median 30.0 s of step 4, 24 with PyMC's rounds
+    in 54.0 s; issue 30's runaway cases (a 6-state repressilator, a 10-state chain, Lotka-Volterra x2
+    with large noise, FitzHugh-Nagumo from a wrong optimum) each ended within 3.0x the main job's fit,
+    the 10-state chain and the wrong optimum converged in 2 of 2 fits each (PyMC's rounds: 1 of 2 and 2
+    of 2). nutpie compiles the model inside the budget; its callbacks are cached by the model's
+    structure, so a later fit of the same structure pays 2-8 s, the first one 8-25 s."""
     return "nutpie" if _scalar_values(model) and _has_nutpie() else "pymc"
 
 
@@ -536,7 +539,8 @@ def _scalar_values(model: pm.Model) -> bool:
 
 
 def _has_nutpie() -> bool:
-    """Whether nutpie (the optional engine: ``pip install pgpgm[nutpie]``) is installed."""
+    """Whether nutpie (a requirement of pgpgm, so absent only from an environment built without it) can be
+    imported."""
     import importlib.util
 
     return importlib.util.find_spec("nutpie") is not None
@@ -885,7 +889,7 @@ def run_nuts(
     chains: int = 4,
     cores: int | None = None,
     seed: int | None = 0,
-    nuts_sampler: str = "pymc",
+    nuts_sampler: str = "auto",
     target_accept: float = 0.9,
     max_rounds: int = MAX_ROUNDS,
     progressbar: bool = True,
@@ -915,15 +919,15 @@ def run_nuts(
         whose process started late is not cut short and left out; the last wave may use up to half its
         share beyond a gradient budget for that), the same draws as in one call
     seed : seeds the starts and the sampler
-    nuts_sampler : ``"pymc"``, ``"nutpie"`` or ``"auto"`` (:data:`NUTS_SAMPLERS`). ``"nutpie"``
-        (installed separately: ``pip install pgpgm[nutpie]``;
-        :func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every chain a thread of this process, in
-        coordinates whitened by the Laplace approximation of :func:`seed_metric` (where every value
-        variable is a scalar), started at ``center`` jittered by U(-1, 1) whitened sds, with nutpie's own
-        adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
-        up to ``draws * 2 ** (max_rounds - 1)`` draws per chain that ends once R-hat and ESS pass
-        (divergences are counted, not waited out), the chains sit in separate modes, or the budget is
-        spent - the same budget, result and warnings as ``"pymc"``. ``"auto"``: :func:`auto_sampler`.
+    nuts_sampler : ``"auto"`` (default: :func:`auto_sampler`), ``"nutpie"`` or ``"pymc"``
+        (:data:`NUTS_SAMPLERS`). ``"nutpie"`` (:func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every
+        chain a thread of this process, in coordinates whitened by the Laplace approximation of
+        :func:`seed_metric` (where every value variable is a scalar), started at ``center`` jittered by
+        U(-1, 1) whitened sds, with nutpie's own adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of
+        up to ``draws * 2 ** (max_rounds - 1)`` draws per chain (``draws`` where PyMC's rounds would not
+        run a second round: one chain, or fewer than ``2 * ESS_MIN`` draws in all) that ends once R-hat
+        and ESS pass (divergences are counted, not waited out), the chains sit in separate modes, or the
+        budget is spent - the same budget, result and warnings as ``"pymc"``.
         ``tree.attrs["pgpgm_sampler"]`` names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
@@ -1023,9 +1027,13 @@ def run_nuts(
         if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
             mean, matrix, _ = seed_metric(space, center, sd, covariance)
             whiten = (mean, matrix)
+        # more draws than asked for only where PyMC's rounds would run them: a short run asked for (fewer
+        # draws than 2 ESS_MIN in all, or one chain) stays short
+        extends = chains > 1 and chains * draws >= 2 * ESS_MIN
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
-                             max_draws=draws * 2 ** (max_rounds - 1), spent=spent, converged=converged,
+                             max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
+                             converged=converged,
                              whiten=whiten, seconds_left=meter.seconds_left)
         tree = _kept_draws(tree, stopped=bool(meter.exhausted))  # stopped while tuning: its latter half
         n = int(tree.posterior.sizes["draw"])

@@ -74,7 +74,9 @@ def fit_study(
     - Step 4, NUTS on one joint ``pm.Model`` (:func:`pgpgm.study.model.build_study_model`; rounds and
       budget of :func:`pgpgm.posterior.nuts.run_nuts`), started at the joint optimum; hierarchical
       parameters (``{"ka": "lognormal"}``: log ka[e] = mu_ka + sigma_ka z_ka[e], non-centred) start with
-      z[e] from the refined values, mu and sigma from their log mean and sd.
+      z[e] from the refined values, mu and sigma from their log mean and sd. With the default engine
+      (``NUTS(sampler="auto")``) a hierarchical model runs PyMC's rounds, any other nutpie
+      (:func:`pgpgm.posterior.nuts.auto_sampler`).
 
     Parameters
     ----------
@@ -215,8 +217,12 @@ def fit_study(
         known = (given_sd or {}) if plan is None else {s: v for s, v in plan[1].items() if np.isfinite(v)}
         center, spread = _start(system, layout, best, hier, varying, shared, joint, free, known, n_obs, centred)
         covariance = _covariance(best, layout, hier, centred)
+        # "auto" is PyMC's rounds for a hierarchical model: the Laplace approximation nutpie is whitened by
+        # cannot describe the funnel of a population sd (4 subjects, tests/test_study.py: nutpie 196 s of a
+        # 240 s budget, PyMC 38 s)
+        engine = "pymc" if posterior.sampler == "auto" and hier else posterior.sampler
         run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
-                       cores=posterior.cores, seed=seed, nuts_sampler=posterior.sampler, max_rounds=posterior.rounds,
+                       cores=posterior.cores, seed=seed, nuts_sampler=engine, max_rounds=posterior.rounds,
                        progressbar=progressbar, budget=posterior.budget, warn=False)
         tree = run.tree
         free_names = [rv.name for rv in model.free_RVs]
