@@ -304,10 +304,13 @@ for mode, trials, seed in runs:
     path = os.path.join(folder, f"{mode}.nc")
     old.save(path)
     good = open(path, "rb").read()
-    t0 = time.perf_counter()
-    write(mode, path + ".probe")
-    duration = time.perf_counter() - t0  # how long the write takes here; kills fall in [0, 1.2 x that]
-    os.remove(path + ".probe")
+    durations = []
+    for _ in range(3):  # the first write pays one-off costs that the forked writers (warm copies) do not
+        t0 = time.perf_counter()
+        write(mode, path + ".probe")
+        durations.append(time.perf_counter() - t0)
+        os.remove(path + ".probe")
+    duration = min(durations)  # how long a warm write takes here; kills fall in [0, 1.2 x that]
     rng = np.random.default_rng(seed)
     outcomes, killed = [], []
     for trial in range(trials):
