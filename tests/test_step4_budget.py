@@ -181,6 +181,21 @@ def test_chains_in_two_mirror_modes_are_named_not_pooled():
     assert "chains 0, 2 at k=" in text and "chains 1, 3 at k=" in text and "not converged" in text
 
 
+def test_a_stuck_chain_is_a_mode_of_its_own():
+    """A chain whose step size collapsed at a prior bound barely moves (Lotka-Volterra x1, large noise,
+    seed 0: sds 1e-14 to 1e-8, its halves apart by more than that, so not "settled" by that test): it is
+    named as a mode of its own, not taken for a chain on its way; three mixing chains stay one mode."""
+    rng = np.random.default_rng(0)
+    k = rng.normal(1.0, 0.3, (4, 200))
+    k[3] = 7.0 + 1e-9 * np.arange(200)  # stuck, drifting by 2e-7 in all: 3.5 of its own sds between halves
+    tree = xr.DataTree.from_dict({"posterior": xr.Dataset({"k": (("chain", "draw"), k)})})
+    modes = find_modes(tree, ["k"])
+    assert sorted(m.chains for m in modes) == [(0, 1, 2), (3,)]
+    assert [m.mean["k"] for m in modes if m.chains == (3,)][0] == pytest.approx(7.0)
+    k[3] = rng.normal(1.0, 0.3, 200)  # four mixing chains: one mode
+    assert find_modes(xr.DataTree.from_dict({"posterior": xr.Dataset({"k": (("chain", "draw"), k)})}), ["k"]) == ()
+
+
 def test_one_mode_is_not_split():
     """Four chains in one mode (the decay posterior): no modes, whatever their Monte-Carlo spread."""
     model, layout, center, sd = _decay_model()

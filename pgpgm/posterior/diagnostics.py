@@ -82,6 +82,11 @@ MODE_SEPARATION = 4.0
 #: a chain is settled when the means of its two halves differ by at most this many of its own sds
 #: (a chain still travelling between regions is not a mode of its own)
 SETTLED_SDS = 1.0
+#: a chain is stuck - settled where it is, however its halves differ - when its sd in every variable is at
+#: most this fraction of the largest chain sd of that variable: a chain whose step size collapsed (Lotka-
+#: Volterra x1, large noise, seed 0, nutpie: one chain at theta1 = 10, the prior's upper bound, 1023
+#: leapfrog steps per draw, sds 1e-14 to 1e-8 drifting by more than that, the others' sds 0.07-1.7)
+STUCK_FRACTION = 1e-4
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,8 @@ class Mode:
     Attributes
     ----------
     chains : the chain indices; mean : each variable's mean over their draws;
-    log_density : the mean log density of their draws (PyMC's ``lp``: the model's log density in
-        the sampler's space; NaN when the tree has none)
+    log_density : the mean log density of their draws (PyMC's ``lp`` or nutpie's ``logp``: the model's
+        log density in the sampler's space, nutpie's whitened by a constant shift; NaN when the tree has none)
     """
 
     chains: tuple[int, ...]
@@ -109,7 +114,8 @@ def find_modes(tree, var_names: Sequence[str], separation: float = MODE_SEPARATI
     Chains are grouped by linking every two whose means differ by at most ``separation``
     within-chain sds in every variable of ``var_names``; there are modes when more than one group
     forms and every group holds a settled chain (its halves' means within ``SETTLED_SDS`` of its
-    sd: a chain that stays where it is, not one on its way). Sorted by ``log_density``, highest first.
+    sd: a chain that stays where it is, not one on its way; or a stuck chain, see
+    :data:`STUCK_FRACTION`). Sorted by ``log_density``, highest first.
     """
     post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
     names = [n for n in var_names if n in post]
@@ -119,7 +125,8 @@ def find_modes(tree, var_names: Sequence[str], separation: float = MODE_SEPARATI
     X = np.stack([np.asarray(post[n].values, float).reshape(C, D) for n in names], axis=-1)  # (C, D, V)
     mean, sd = X.mean(1), X.std(1)
     half = D // 2
-    settled = np.all(np.abs(X[:, :half].mean(1) - X[:, half:].mean(1)) <= SETTLED_SDS * sd, axis=1)
+    stuck = np.all(sd <= STUCK_FRACTION * sd.max(0), axis=1) & np.any(sd.max(0) > 0)
+    settled = np.all(np.abs(X[:, :half].mean(1) - X[:, half:].mean(1)) <= SETTLED_SDS * sd, axis=1) | stuck
     group = list(range(C))
 
     def root(i):
@@ -139,8 +146,9 @@ def find_modes(tree, var_names: Sequence[str], separation: float = MODE_SEPARATI
         return ()
     lp = None
     stats = tree["sample_stats"] if "sample_stats" in tree.children else None
-    if stats is not None and "lp" in stats.data_vars:
-        lp = np.asarray(stats["lp"].values, float).reshape(C, -1)
+    key = next((k for k in ("lp", "logp") if stats is not None and k in stats.data_vars), None)
+    if key is not None:
+        lp = np.asarray(stats[key].values, float).reshape(C, -1)
     modes = [Mode(tuple(m), {n: float(X[m, :, k].mean()) for k, n in enumerate(names)},
                   float(lp[m].mean()) if lp is not None else float("nan")) for m in members.values()]
     return tuple(sorted(modes, key=lambda m: -m.log_density if np.isfinite(m.log_density) else np.inf))
