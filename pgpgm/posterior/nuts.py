@@ -515,6 +515,13 @@ def seeded_potential(space: ValueSpace, center: Mapping[str, float], sd: Mapping
 NUTS_SAMPLERS = ("pymc", "nutpie", "auto")
 
 
+def _may_extend(chains: int, draws: int) -> bool:
+    """Whether step 4 may draw more than the ``draws`` per chain asked for (PyMC's further rounds, nutpie's
+    longer run): not for one chain or fewer than ``2 * ESS_MIN`` draws in all - a short run asked for
+    stays short."""
+    return chains > 1 and chains * draws >= 2 * ESS_MIN
+
+
 def auto_sampler(model: pm.Model) -> str:
     """The engine ``nuts_sampler="auto"`` (the default) runs on ``model``: ``"nutpie"`` (whitened by the
     refinement's Laplace approximation, :data:`pgpgm.posterior.nutpie_engine.ADAPTATION`) where every
@@ -1028,9 +1035,7 @@ def run_nuts(
         if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
             mean, matrix, _ = seed_metric(space, center, sd, covariance)
             whiten = (mean, matrix)
-        # more draws than asked for only where PyMC's rounds would run them: a short run asked for (fewer
-        # draws than 2 ESS_MIN in all, or one chain) stays short
-        extends = chains > 1 and chains * draws >= 2 * ESS_MIN
+        extends = _may_extend(chains, draws)  # more draws than asked for only where PyMC's rounds would run them
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
                              max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
@@ -1054,7 +1059,7 @@ def run_nuts(
     rounds, reasons, round_draws, kept = 1, [], [tree.posterior.sizes["draw"]], [1]
     evaluations = [_gradient_evaluations(tree)]
     passed = None  # (draws, kept rounds) that passed R-hat and ESS with divergences, while a round tries without
-    while rounds < max_rounds and chains > 1 and chains * draws >= 2 * ESS_MIN and not meter.exhausted:
+    while rounds < max_rounds and _may_extend(chains, draws) and not meter.exhausted:
         diag = diagnose(tree, names)
         found = problems(diag)
         if not found or find_modes(tree, names):  # converged, or more rounds would pool separate modes
