@@ -246,6 +246,19 @@ def test_a_small_well_determined_estimate_is_not_at_the_bound():
     assert [(a.side, a.refined) for a in report] == [("lower", False)] and report[0].fraction > 0.2
 
 
+def test_an_uncertainty_wider_than_the_box_names_one_bound_and_says_so():
+    """A refined 3.7 +- 11.3 in (0, 10) (Lotka-Volterra x1 with large noise) is within 2 se of both
+    bounds: it is named once, at the nearer bound, as hardly determined (not "at the lower bound 0
+    and at the upper bound 10"); an estimate on its bound itself with the same se is at that bound."""
+    priors = pgpgm.Priors.from_user(["a", "b"], {"a": (0.0, 10.0), "b": (0.0, 10.0)})
+    report = bound_report(priors, [3.7, 10.0], None, stderr=[11.3, 34.2])
+    assert [(a.parameter, a.side, a.active) for a in report] == [("a", "lower", False), ("b", "upper", True)]
+    assert "hardly determined" in report[0].message and "(22.6)" in report[0].message
+    assert "widen the prior" in report[1].message and "hardly" not in report[1].message
+    # an se within the box: the usual message
+    assert "within 2 standard errors" in bound_report(priors, [1.0], None, stderr=[0.6])[0].message
+
+
 def test_fit_returns_on_its_posterior_budget_with_the_warning():
     """fit(posterior_budget=) reaches step 4: a budget of 600 gradient evaluations stops it (counted
     exactly: at most one tree past it), and the fit returns its draws and says so."""

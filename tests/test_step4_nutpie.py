@@ -9,6 +9,7 @@ import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nutpie_engine import (
+    START_JITTER,
     WHITE,
     compile_whitened,
     equal_chains,
@@ -188,6 +189,9 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
         np.testing.assert_array_equal(draw[:2], z)
         np.testing.assert_allclose(draw[2:], np.concatenate([np.ravel(a) for a in outputs(*u)]), rtol=1e-12)
     np.testing.assert_allclose(gaps, gaps[0], atol=1e-9)
+    # chains start near the centre, each its own point: within START_JITTER whitened sds (nutpie's own: 1)
+    starts = np.array([compiled.initial_point_func(seed) for seed in range(4)])
+    assert np.abs(starts).max() <= START_JITTER == 0.1 and len({tuple(s) for s in starts}) == 4
     far = np.linalg.solve(chol, np.array([0.0, 1e300]) - mean)  # x(0) = 1e300: squared residuals overflow
     assert call_logp(far)[0] in (3, 4)  # a gradient (3) or log density (4) not finite: nutpie rejects the point
     other, _ = whitened_model(model, mean + 0.1, 2 * cov)

@@ -65,6 +65,13 @@ POLL = 0.1
 #: up) - each check on exactly that many draws of every chain, so that a run that passes returns the
 #: same draws whenever the checks happen (nutpie's chains are threads, each with its own random stream)
 GROWTH = 1.25
+#: half-width of the uniform jitter of each chain's start in the whitened coordinates (nutpie's own: 1).
+#: Where the Laplace approximation is far wider than the posterior (a refined value on its bound, standard
+#: errors of 3 in log theta), a start 1 whitened sd out lies deep in a stiff tail: the chains' step sizes
+#: collapse and their first 50 tuning draws took ~28000 leapfrog steps each (Lotka-Volterra x1 large noise
+#: seed 0). Side by side on the 40 published fits (benchmarks/RESULTS.md): 34 converged with 0.1 against
+#: 31 with 1, no stuck chain against two. The chains still separate during tuning (500 draws).
+START_JITTER = 0.1
 
 
 def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
@@ -86,7 +93,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     converged : called with the draws so far (a DataTree like the result); True ends the run
     whiten : ``(mean (d,), covariance (d, d))`` of the model's d scalar value variables (``model.value_vars``
         order) to sample in whitened coordinates (:func:`whitened_model`; chains start at ``mean``
-        jittered by U(-1, 1) in each whitened coordinate), or None (``start``, nutpie's own jitter)
+        jittered by U(-:data:`START_JITTER`, :data:`START_JITTER`) in each whitened coordinate), or None
+        (``start``, nutpie's own jitter)
     seconds_left : the budget's seconds left (None: no limit); a check is not begun when the last one
         took longer than that (each reads the whole trace while the chains sample: 0.8-3.3 s on
         Lotka-Volterra x1, and the one begun at 58 s of a 60 s budget ended at 61.5 s) - the draws
@@ -223,7 +231,8 @@ CALLBACK_VERSION = "1"
 def compile_whitened(white, keep: list[str]):
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
-    of nutpie's signature. Chains start at z ~ U(-1, 1) in every coordinate (nutpie's jitter of z = 0).
+    of nutpie's signature. Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in every
+    coordinate (nutpie's own jitter of z = 0 is U(-1, 1)).
 
     Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
     figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
@@ -275,7 +284,7 @@ def compile_whitened(white, keep: list[str]):
     coords["unconstrained_parameter"] = pd.Index([f"{WHITE}_{i}" for i in range(n_dim)])
 
     def initial_point(seed) -> np.ndarray:
-        return np.random.default_rng(seed).uniform(-1.0, 1.0, n_dim)
+        return np.random.default_rng(seed).uniform(-START_JITTER, START_JITTER, n_dim)
 
     return CompiledPyMCModel(
         _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=coords, _shapes=dict(zip(names, shapes)),

@@ -50,6 +50,8 @@ class AtBound:
     fraction : fraction of the posterior draws within ``band`` of it (NaN without draws)
     band : the distance from the bound that ``fraction`` counts (NaN without draws)
     stderr : the refined estimate's standard error (NaN when not given)
+    active : whether the refined estimate is on the bound itself (within 1e-6 of the box width: the
+        optimizer stopped there)
     """
 
     parameter: str
@@ -60,10 +62,23 @@ class AtBound:
     fraction: float
     band: float = np.nan
     stderr: float = np.nan
+    active: bool = False
+
+    @property
+    def spans_box(self) -> bool:
+        """Whether the refined estimate's uncertainty (``REFINED_SE`` standard errors) is wider than the
+        box: the data hardly determine the parameter within its prior, whichever bound is nearer."""
+        lo, hi = self.prior
+        return bool(np.isfinite(self.stderr) and REFINED_SE * self.stderr >= hi - lo)
 
     @property
     def message(self) -> str:
         lo, hi = self.prior
+        if self.refined and self.spans_box and not self.active and not (np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION):
+            return (f"{self.parameter} is hardly determined within its Uniform prior ({lo:g}, {hi:g}): "
+                    f"{REFINED_SE:g} standard errors of the refined estimate ({REFINED_SE * self.stderr:.3g}) are wider "
+                    f"than the box, and it is nearest its {self.side} bound {self.bound:g}; fix it, reparametrise, "
+                    "or add data that inform it (a wider prior only widens the posterior)")
         what = []
         if self.refined:
             what.append("the refined estimate is on it" + (
@@ -96,7 +111,8 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
     -------
     tuple of AtBound (empty when nothing is at a bound). A refined estimate is on a bound
     when within ``REFINED_SE`` (2) standard errors of it or within 1e-6 of the prior's width
-    (the optimizer's active bound); without a finite standard error, when within 1e-3 of the
+    (the optimizer's active bound) - of the nearer bound only, when those standard errors are wider
+    than the box (:attr:`AtBound.spans_box`: its message then says the data hardly determine it); without a finite standard error, when within 1e-3 of the
     prior's width. A posterior is at a bound when more than 10 % of its draws lie within half
     their sd (at most 1 % of the prior's width) of it.
     """
@@ -111,11 +127,14 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
         d = None if draws is None or name not in draws else np.asarray(draws[name], float).ravel()
         d = None if d is None else d[np.isfinite(d)]
         band = min(POSTERIOR_SD_BAND * float(np.std(d)), POSTERIOR_BAND * width) if d is not None and d.size else np.nan
+        nearer = "lower" if float(value) - lo <= hi - float(value) else "upper"
         for side, b in (("lower", lo), ("upper", hi)):
-            on = bool(abs(float(value) - b) <= tol)
+            # an uncertainty wider than the box reaches both bounds: the nearer one is named
+            active = bool(abs(float(value) - b) <= ACTIVE_RTOL * width)
+            on = bool(abs(float(value) - b) <= tol) and (side == nearer or active)
             frac = float(np.mean(np.abs(d - b) <= band)) if d is not None and d.size else np.nan
             if on or (np.isfinite(frac) and frac > POSTERIOR_FRACTION):
-                out.append(AtBound(name, side, b, (lo, hi), on, frac, band, float(se)))
+                out.append(AtBound(name, side, b, (lo, hi), on, frac, band, float(se), active))
     return tuple(out)
 
 
