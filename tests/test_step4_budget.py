@@ -345,6 +345,15 @@ def _wave_draws(meter, steps_by_chain):
     return None
 
 
+def test_the_time_that_ending_takes_counts_as_spent():
+    """nutpie's run ends by reading its trace back (as long as a check: up to seconds): the meter
+    counts those seconds as spent already, so that step 4 returns within its time budget."""
+    meter = BudgetMeter(PosteriorBudget(10.0, None))
+    meter.start -= 9.0  # 9 s of the 10 spent
+    assert meter.check() == "" and meter.check(ahead=0.5) == ""
+    assert meter.check(ahead=1.5) == "seconds" and meter.check() == "seconds"  # remembered
+
+
 def test_a_wave_waits_for_its_slow_chain_and_a_very_slow_one_is_capped():
     """Two waves of two chains, 8000 gradient evaluations: wave 0 ends once *each* of its chains has
     used 2000 (half of its 4000), not once the pair has used 4000 - a chain whose process runs 1.5x

@@ -80,12 +80,19 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
     """Each convergence check reads nutpie's whole trace while the chains sample (0.8-3.3 s on
     Lotka-Volterra; one begun at 58 s of a 60 s budget ended at 61.5 s). With 0.1 s left all along and
     checks that take 0.3 s, only the first is begun (nothing known of their time before it); with no
-    time limit every check point the run reaches is checked. The gradient budget ends both runs."""
+    time limit every check point the run reaches is checked. The gradient budget ends both runs. The
+    budget is asked whether it is spent with the seconds that ending takes (reading the trace back: the
+    last check's duration, 0 before the first), so that the run ends within it."""
     import time
 
     from pgpgm.posterior.nutpie_engine import sample_nutpie
 
     model, center, sd = _decay_model()
+    aheads = []
+
+    def spent(steps, ahead=0.0):
+        aheads.append(ahead)
+        return steps >= 8_000
 
     def run(seconds_left):
         calls = []
@@ -96,7 +103,7 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
             return False
 
         tree = sample_nutpie(model, center, draws=100, tune=100, chains=2, seed=1, target_accept=0.9,
-                             max_treedepth=10, max_draws=100_000, spent=lambda steps: steps >= 8_000,
+                             max_treedepth=10, max_draws=100_000, spent=spent,
                              converged=converged, seconds_left=seconds_left,
                              whiten=(np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])))
         return calls, int(tree.posterior.sizes["draw"])
@@ -105,6 +112,7 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
     many, _ = run(None)
     assert few == [100] and n_few > 100  # one check; the draws up to the end are returned
     assert len(many) >= 3 and many[:3] == [100, 125, 157]
+    assert aheads[0] == 0.0 and 0.3 <= max(aheads) < 5.0  # each check slept 0.3 s
 
 
 def test_equal_chains_cuts_every_chain_to_the_shortest():

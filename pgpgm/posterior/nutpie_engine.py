@@ -89,16 +89,17 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     chains : chains, all running at once (threads); seed : nutpie's seed
     target_accept, max_treedepth : NUTS's step-size target and tree depth
     max_draws : most draws per chain (>= ``draws``)
-    spent : called with the leapfrog steps so far (all chains, tuning included); True ends the run
+    spent : called with the leapfrog steps so far (all chains, tuning included) and the seconds that ending
+        the run will take (reading the trace back: the last check's duration); True ends the run
     converged : called with the draws so far (a DataTree like the result); True ends the run
     whiten : ``(mean (d,), covariance (d, d))`` of the model's d scalar value variables (``model.value_vars``
         order) to sample in whitened coordinates (:func:`whitened_model`; chains start at ``mean``
         jittered by U(-:data:`START_JITTER`, :data:`START_JITTER`) in each whitened coordinate), or None
         (``start``, nutpie's own jitter)
-    seconds_left : the budget's seconds left (None: no limit); a check is not begun when the last one
-        took longer than that (each reads the whole trace while the chains sample: 0.8-3.3 s on
-        Lotka-Volterra x1, and the one begun at 58 s of a 60 s budget ended at 61.5 s) - the draws
-        returned at the end are judged anyway
+    seconds_left : the budget's seconds left (None: no limit); a check is not begun when twice the last
+        one's duration (it, and the final read of the trace after it) is longer than that (each reads the
+        whole trace while the chains sample: 0.4-3.3 s on Lotka-Volterra, and the one begun at 58 s of a
+        60 s budget ended at 61.5 s) - the draws returned at the end are judged anyway
 
     Returns
     -------
@@ -128,11 +129,11 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     check_seconds = 0.0  # how long the last check took (reading the trace grows with the draws)
     while not _finished(run) and passed is None:
         time.sleep(POLL)
-        if spent(steps[0]):
+        if spent(steps[0], check_seconds):  # ending reads the trace back, as long as the last check did
             break
         while passed is None and check <= min(drawn[0], max_draws):
-            if seconds_left is not None and seconds_left() < check_seconds:
-                break  # it would end past the budget
+            if seconds_left is not None and seconds_left() < 2 * check_seconds:
+                break  # it, and reading the trace back after it, would end past the budget
             began = time.perf_counter()
             so_far = equal_chains(_quietly(run.inspect), check)
             if so_far.posterior.sizes["draw"] < check:  # the progress report ran ahead of the trace

@@ -768,10 +768,11 @@ class BudgetMeter:
         g = self.budget.gradient_evaluations
         return np.inf if g is None else g + self.overrun + self.late + self._lag() - self.gradients
 
-    def check(self) -> str:
-        """What has run out now ("" when nothing has); remembered in ``exhausted``."""
+    def check(self, ahead: float = 0.0) -> str:
+        """What has run out now ("" when nothing has); remembered in ``exhausted``. ``ahead``: seconds
+        that ending takes (e.g. reading the draws back), counted as spent already."""
         if not self.exhausted:
-            self.exhausted = ("seconds" if self.seconds_left() <= 0 else
+            self.exhausted = ("seconds" if self.seconds_left() <= ahead else
                               "gradient evaluations" if self.gradients_left() <= 0 else "")
         return self.exhausted
 
@@ -1023,9 +1024,9 @@ def run_nuts(
     if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
         start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
 
-        def spent(steps: int) -> bool:
+        def spent(steps: int, ahead: float = 0.0) -> bool:
             meter.gradients = steps
-            return bool(meter.check())
+            return bool(meter.check(ahead))
 
         def converged(so_far) -> bool:
             diag = diagnose(so_far, names)
