@@ -74,11 +74,12 @@ class AtBound:
     @property
     def message(self) -> str:
         lo, hi = self.prior
-        if self.refined and self.spans_box and not self.active and not (np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION):
+        piled = np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION
+        if self.refined and self.spans_box and not self.active and not piled:
             return (f"{self.parameter} is hardly determined within its Uniform prior ({lo:g}, {hi:g}): "
-                    f"{REFINED_SE:g} standard errors of the refined estimate ({REFINED_SE * self.stderr:.3g}) are wider "
-                    f"than the box, and it is nearest its {self.side} bound {self.bound:g}; fix it, reparametrise, "
-                    "or add data that inform it (a wider prior only widens the posterior)")
+                    f"{REFINED_SE:g} standard errors of the refined estimate ({REFINED_SE * self.stderr:.3g}) are "
+                    f"wider than the box, and it is nearest its {self.side} bound {self.bound:g}; fix it, "
+                    "reparametrise, or add data that inform it (a wider prior only widens the posterior)")
         what = []
         if self.refined:
             what.append("the refined estimate is on it" + (
@@ -112,7 +113,8 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
     tuple of AtBound (empty when nothing is at a bound). A refined estimate is on a bound
     when within ``REFINED_SE`` (2) standard errors of it or within 1e-6 of the prior's width
     (the optimizer's active bound) - of the nearer bound only, when those standard errors are wider
-    than the box (:attr:`AtBound.spans_box`: its message then says the data hardly determine it); without a finite standard error, when within 1e-3 of the
+    than the box (:attr:`AtBound.spans_box`: its message then says the data hardly determine it);
+    without a finite standard error, when within 1e-3 of the
     prior's width. A posterior is at a bound when more than 10 % of its draws lie within half
     their sd (at most 1 % of the prior's width) of it.
     """
