@@ -12,8 +12,7 @@ so an interrupted run still covers every case; each row is also appended to
 mass matrix ``pgpgm.NUTS(metric=...)``: ``adapt`` (the default) or ``laplace``, and tuning iterations per
 chain; an optional third field, ``adapt:500:2``, sets ``pgpgm.NUTS(cores=...)``, the chain processes:
 fewer than the chains run them in waves; a fourth, ``adapt:500::1e-8``, ``pgpgm.NUTS(rtol=...)``, step 4's
-solver tolerance; a fifth, ``nutpie:500::1e-6:1.0``, nutpie's start jitter in whitened sds,
-:data:`pgpgm.posterior.nutpie_engine.START_JITTER`), one after the other, so that the variants are compared side by
+solver tolerance), one after the other, so that the variants are compared side by
 side under the same load.
 
     ./run.sh bench paper [--seeds 5] [--first-seed 0] [--cases lv-x1,fhn-R|all] [--variants adapt:500]
@@ -29,9 +28,6 @@ import harness
 import numpy as np
 
 import pgpgm
-from pgpgm.posterior import nutpie_engine
-
-DEFAULT_JITTER = nutpie_engine.START_JITTER
 
 
 def row(case: harness.Published, seed: int, r) -> dict:
@@ -65,12 +61,10 @@ def row(case: harness.Published, seed: int, r) -> dict:
 
 
 def parse_variant(text: str) -> tuple:
-    """``METRIC:TUNE[:CORES[:RTOL[:JITTER]]]`` -> (metric, tune, cores or None, rtol, jitter); an empty
-    CORES is None, an omitted RTOL the default ``pgpgm.NUTS().rtol``, an omitted JITTER nutpie's default
-    start jitter (:data:`pgpgm.posterior.nutpie_engine.START_JITTER`)."""
-    f = text.split(":") + ["", "", ""]
-    return (f[0], int(f[1]), int(f[2]) if f[2] else None, float(f[3]) if f[3] else pgpgm.NUTS().rtol,
-            float(f[4]) if f[4] else DEFAULT_JITTER)
+    """``METRIC:TUNE[:CORES[:RTOL]]`` -> (metric, tune, cores or None, rtol); an empty CORES is None,
+    an omitted RTOL the default ``pgpgm.NUTS().rtol``."""
+    f = text.split(":") + ["", ""]
+    return (f[0], int(f[1]), int(f[2]) if f[2] else None, float(f[3]) if f[3] else pgpgm.NUTS().rtol)
 
 
 def main() -> None:
@@ -79,7 +73,7 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--cases", default=None, help="comma-separated case keys (default: every published case)")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated METRIC:TUNE[:CORES[:RTOL[:JITTER]]] step-4 variants (METRIC adapt or laplace: PyMC's "
+                    help="comma-separated METRIC:TUNE[:CORES[:RTOL]] step-4 variants (METRIC adapt or laplace: PyMC's "
                          "NUTS with that first metric; nutpie or auto: that engine), e.g. adapt:500,laplace:200, "
                          "adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
@@ -96,7 +90,6 @@ def main() -> None:
                 pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2], rtol=variant[3])
                 if variant[0] in ("nutpie", "auto") else
                 pgpgm.NUTS(tune=variant[1], metric=variant[0], sampler="pymc", cores=variant[2], rtol=variant[3]))}
-            nutpie_engine.START_JITTER = DEFAULT_JITTER if variant is None else variant[4]
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
             label = None if variant is None else ":".join("" if v is None else str(v) for v in variant).rstrip(":")

@@ -82,22 +82,47 @@ def test_the_golden_file_covers_every_step(numbers):
         assert any(f"/{step}/" in k for k in golden.files)
 
 
+#: step 4's chains of PyMC's NUTS amplify rounding (a differing last bit in the first tuning iteration
+#: gives other draws): on another CPU they are compared by their means, within this many posterior sds
+CHAOTIC_SD = 1.0
+#: steps 1-3 on another CPU (BLAS kernels, fused multiply-adds round differently): relative to each
+#: array's largest value (seen: 1e-7 on FitzHugh-Nagumo's step-2 states between two x86-64 CPUs)
+ROUNDING_RTOL = 1e-5
+
+
 def test_draws_and_refined_points_are_those_of_before_the_restructure(numbers):
     """Every draw of the parameters and of step 2's states, every refined point and likelihood bit for
     bit; step 4's state trajectories (deterministic functions of its draws, solved by CVODE on a dense
     grid) to 1e-6 relative, far inside the solver's tolerance (1e-8): twice, in the first run after the
     compiled sources changed, one of them differed by 4e-8 relative while every draw was the same; the
-    cause is not found (a compiled solve and the Python one agree bit for bit)."""
+    cause is not found (a compiled solve and the Python one agree bit for bit).
+
+    That holds on the kind of CPU the file was made on. On another (step 2's first chain differs in its
+    last bits: the BLAS kernels and fused multiply-adds round differently; seen on an Intel Xeon against
+    the file's AMD EPYC, also at the commit before any change) every number of steps 1-3 is compared to
+    ``ROUNDING_RTOL`` of its array's largest value - a restructure that changes an algorithm or a random
+    stream moves draws by their own size - and step 4's draws of PyMC's NUTS, which amplify rounding, by
+    each variable's mean, within ``CHAOTIC_SD`` of its sd in the file."""
     golden = np.load(GOLDEN)
     trajectories = {f"{case}/step4/{s}" for case, states in (("fhn", ("R", "V")), ("lv", ("log_x1", "x2")))
                     for s in states}
+    first = sorted(k for k in golden.files if "/step2/" in k)[0]
+    same_cpu = np.array_equal(numbers[first], golden[first], equal_nan=True)
     differ = {}
     for k in golden.files:
-        a, b = numbers[k], golden[k]
-        same = (np.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True) if k in trajectories
-                else np.array_equal(a, b, equal_nan=True))
+        a, b = np.asarray(numbers[k], float), np.asarray(golden[k], float)
+        if same_cpu:
+            same = (np.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True) if k in trajectories
+                    else np.array_equal(a, b, equal_nan=True))
+        elif k.startswith("fhn/step4/"):  # PyMC's NUTS: other draws from the first tuning iteration on
+            same = a.shape == b.shape and bool(np.all(np.abs(np.nanmean(a, axis=(0, 1)) - np.nanmean(b, axis=(0, 1)))
+                                                      <= CHAOTIC_SD * np.nanstd(b, axis=(0, 1)) + 1e-12))
+        else:
+            scale = float(np.nanmax(np.abs(b))) if b.size else 0.0
+            same = a.shape == b.shape and np.allclose(a, b, rtol=0.0, atol=ROUNDING_RTOL * scale + 1e-300,
+                                                      equal_nan=True)
         if not same:
-            differ[k] = float(np.nanmax(np.abs(a - b)))
+            differ[k] = float(np.nanmax(np.abs(a - b))) if a.shape == b.shape else float("inf")
     assert differ == {}
 
 
