@@ -930,9 +930,9 @@ def run_nuts(
     nuts_sampler : ``"auto"`` (default: :func:`auto_sampler`), ``"nutpie"`` or ``"pymc"``
         (:data:`NUTS_SAMPLERS`). ``"nutpie"`` (:func:`pgpgm.posterior.nutpie_engine.sample_nutpie`): every
         chain a thread of this process, in coordinates whitened by the Laplace approximation of
-        :func:`seed_metric` (where every value variable is a scalar), started at ``center`` jittered by
-        U(-0.1, 0.1) whitened sds (:data:`pgpgm.posterior.nutpie_engine.START_JITTER`), with nutpie's own adaptation
-        (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of up to
+        :func:`seed_metric` (where every value variable is a scalar), started within
+        :data:`pgpgm.posterior.nutpie_engine.START_JITTER` whitened sds of ``center``, with nutpie's own
+        adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of up to
         ``draws * 2 ** (max_rounds - 1)`` draws per chain (``draws`` where PyMC's rounds would not run a
         second round: one chain, or fewer than ``2 * ESS_MIN`` draws in all) that ends once R-hat
         and ESS pass (divergences are counted, not waited out), the chains sit in separate modes, or the

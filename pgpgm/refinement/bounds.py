@@ -84,7 +84,7 @@ class AtBound:
         if self.refined:
             what.append("the refined estimate is on it" + (
                 f" (within {REFINED_SE:g} standard errors, se {self.stderr:.3g})" if np.isfinite(self.stderr) else ""))
-        if np.isfinite(self.fraction) and self.fraction > POSTERIOR_FRACTION:
+        if piled:
             what.append(f"{100 * self.fraction:.0f} % of the posterior draws lie within {self.band:.3g} of it "
                         f"(half the draws' sd, at most {100 * POSTERIOR_BAND:g} % of the prior's width)")
         if self.side == "lower" and lo == 0:
