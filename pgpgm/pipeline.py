@@ -974,9 +974,11 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
     k = min(usable, key=lambda j: refinements[j].nll)
     if refinements[k].undetermined:
-        warnings.warn(f"the data do not determine {', '.join(refinements[k].undetermined)}: their standard errors "
-                      "are infinite; fix or give tighter priors to some of them, or measure more states",
-                      IdentifiabilityWarning, stacklevel=4)
+        names = refinements[k].undetermined
+        what = "its standard error is" if len(names) == 1 else "their standard errors are"
+        which = "it" if len(names) == 1 else "some of them"
+        warnings.warn(f"the data do not determine {', '.join(names)}: {what} infinite; fix or give a tighter prior "
+                      f"to {which}, or measure more states", IdentifiabilityWarning, stacklevel=4)
     return refinements, k
 
 

@@ -452,3 +452,20 @@ def test_protein_transduction_noise_unknown_refined_point_is_the_true_sd_optimum
     assert cost_ref <= best * 1.05, (cost_ref, best)
     # the two points are in the same basin: identifiable parameters agree to a few standard errors
     np.testing.assert_allclose(r.theta[:4], q_best[:4], rtol=0.1)
+
+
+def test_the_fit_names_an_undetermined_parameter_once_and_in_the_singular():
+    """A fit of x' = -k x observed, with a latent y' = -m y that never reaches x: the refined optimum
+    leaves m free (an infinite standard error), and the warning names m alone, in the singular; k and x(0)
+    are those of scipy's fit of x0 exp(-k t)."""
+    system = pgpgm.ODESystem.from_equations({"x": "-k*x", "y": "-m*y"}, ["k", "m"], name="apart")
+    t = np.linspace(0.0, 4.0, 25)
+    y = 2.0 * np.exp(-0.6 * t) + 0.02 * np.random.default_rng(5).standard_normal(t.size)
+    with pytest.warns(IdentifiabilityWarning) as rec:
+        fit = pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], x0=[2.0, 1.0], priors=(0.0, 5.0), noise_sd=0.02,
+                        posterior=None, seed=0, progressbar=False)
+    messages = [str(r.message) for r in rec if "do not determine" in str(r.message)]
+    assert messages == ["the data do not determine m: its standard error is infinite; fix or give a tighter prior "
+                        "to it, or measure more states"]
+    ref = optimize.least_squares(lambda p: p[1] * np.exp(-p[0] * t) - y, [0.5, 1.0], xtol=1e-14, ftol=1e-14).x
+    np.testing.assert_allclose([fit.theta[0], fit.estimates["x0"].values[0]], ref, rtol=1e-5)  # x(0) is refined too
