@@ -1,7 +1,8 @@
 """ODE solve speed per backend: one Lotka-Volterra solve (20 output times on [0, 2], rtol = atol
-= 1e-8), with and without forward sensitivities, against scipy's ``solve_ivp(LSODA)`` with a
-plain Python right-hand side (what a user would write). Median over many solves, a fresh theta
-each (no reuse of a solver's last result); the backends interleaved round by round.
+= 1e-8), with and without forward sensitivities, by every backend (the explicit ``DOPRI5`` too) against
+scipy's ``solve_ivp(LSODA)`` with a plain Python right-hand side (what a user would write). Median over
+many solves, a fresh theta each (no reuse of a solver's last result); the backends interleaved round by
+round.
 
 Then the solve with forward sensitivities (what every step-4 gradient and step-3 Jacobian costs) on
 the main job's FitzHugh-Nagumo and on larger systems - protein transduction (5 states), the
@@ -37,7 +38,8 @@ LARGER = (("FitzHugh-Nagumo, 2 states", "fitzhugh-nagumo", "R-observed"),
 
 
 def larger_solves() -> dict:
-    """label -> a callable doing one solve with forward sensitivities (rtol = atol = 1e-8) at a fresh theta."""
+    """label -> a callable doing one solve with forward sensitivities (rtol = atol = 1e-8) at a fresh theta, by
+    CVODE (the label alone) and by DOPRI5 (", DOPRI5"); and the step-4 gradient with CVODE."""
     rng = np.random.default_rng(1)
     out = {}
     for label, name, case_name in LARGER:
@@ -50,9 +52,11 @@ def larger_solves() -> dict:
             spec = pgpgm.load_model(name)
             case = spec.case(case_name)
             system, theta0, x0, times = spec.system, np.asarray(case.theta, float), np.asarray(case.x0, float), case.times
-        it = pgpgm.Integrator(system, times, pgpgm.CVODE(rtol=1e-8, atol=1e-8))
-        out[label] = (lambda it=it, th=theta0, x=x0:
-                      it.solve_sensitivities(th * (1 + 1e-3 * rng.standard_normal(th.size)), x))
+        for cls in (pgpgm.CVODE, *([pgpgm.DOPRI5] if hasattr(pgpgm, "DOPRI5") else [])):  # --before: older trees
+            it = pgpgm.Integrator(system, times, cls(rtol=1e-8, atol=1e-8))
+            out[label + ("" if cls is pgpgm.CVODE else ", DOPRI5")] = (
+                lambda it=it, th=theta0, x=x0:
+                it.solve_sensitivities(th * (1 + 1e-3 * rng.standard_normal(th.size)), x))
         observed = list(harness.CHAIN_OBSERVED) if name is None else list(spec.case(case_name).observed)
         data = pgpgm.simulate(system, theta0, x0, times, observed=observed, snr=100.0, seed=0)
         out[f"step-4 gradient, {label}"] = _model_gradient(system, data, observed, rng)
@@ -110,7 +114,7 @@ def main() -> None:
     solves = {"scipy solve_ivp LSODA (Python RHS)": lambda: solve_ivp(
         lv, (t[0], t[-1]), case.x0, t_eval=t, args=tuple(theta()), method="LSODA", rtol=1e-8, atol=1e-8)}
     sens = {}
-    for cls in pgpgm.available_solvers():
+    for cls in (*pgpgm.available_solvers(), pgpgm.DOPRI5):
         solver = pgpgm.Integrator(spec.system, t, cls(rtol=1e-8, atol=1e-8))
         solves[f"pgpgm {cls.name}"] = lambda s=solver: s.solve(theta(), case.x0)
         sens[f"pgpgm {cls.name}"] = lambda s=solver: s.solve_sensitivities(theta(), case.x0)
@@ -146,7 +150,7 @@ def main() -> None:
     systems = []
     for k in larger:
         row = {"system": k, "sensitivities_ms": 1e3 * float(np.median(now[k]))}
-        if tree is not None:
+        if tree is not None and then[k]:
             row["before_sensitivities_ms"] = 1e3 * float(np.median(then[k]))
             row["before_over_now"] = float(np.median(then[k]) / np.median(now[k]))
         systems.append(row)
@@ -158,7 +162,7 @@ def main() -> None:
                         f"to its free initial values). Larger systems: {repeat} solves per round"
                         + (f"; before: {a.before}, in a subprocess per round, alternating with today's (in a "
                            "subprocess too)" if tree else ""),
-                  sections={"Solves with forward sensitivities, pgpgm's CVODE, rtol = atol = 1e-8": systems})
+                  sections={"Solves with forward sensitivities, pgpgm's CVODE (and DOPRI5), rtol = atol = 1e-8": systems})
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ def main() -> None:
                          "NUTS with that first metric; nutpie or auto: that engine), e.g. adapt:500,laplace:200, "
                          "adapt:500:4,adapt:500:2 or adapt:500,nutpie:500 "
                          "(default: the default fit only)")
+    ap.add_argument("--solver", default=None, choices=["cvode", "dopri5"],
+                    help="the fit's ODE solver (default: pgpgm's default, CVODE); dopri5: pgpgm.DOPRI5() in every step")
     a = ap.parse_args()
     variants = [None] if not a.variants else [parse_variant(v) for v in a.variants.split(",")]
     env = harness.environment()
@@ -90,6 +92,8 @@ def main() -> None:
                 pgpgm.NUTS(tune=variant[1], sampler=variant[0], cores=variant[2], rtol=variant[3])
                 if variant[0] in ("nutpie", "auto") else
                 pgpgm.NUTS(tune=variant[1], metric=variant[0], sampler="pymc", cores=variant[2], rtol=variant[3]))}
+            if a.solver is not None:
+                extra["solver"] = pgpgm.DOPRI5() if a.solver == "dopri5" else pgpgm.CVODE()
             case = harness.published(key, seed=seed, **extra)
             r = case.fit(seed=seed)
             label = None if variant is None else ":".join("" if v is None else str(v) for v in variant).rstrip(":")

@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.nuts.MAX_ROUNDS)")
         q.add_argument("--posterior-budget", type=_budget, default=None, metavar="SECONDS",
                        help="step 4's budget in seconds for all NUTS rounds, or 'none' for no limit (default: "
-                       "pgpgm.PosteriorBudget(), 60 s and 1000000 gradient evaluations); once spent, the fit returns "
+                       "pgpgm.PosteriorBudget(), 60 s and 3000000 gradient evaluations); once spent, the fit returns "
                        "the draws it has with a warning")
         q.add_argument("--stop", choices=("agree", "never"), default="agree",
                        help="end the gradient-matching chains once the optima refined from their means agree "

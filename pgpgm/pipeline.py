@@ -51,10 +51,15 @@ from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
 from .result import FitResult, assemble
-from .solve import Integrator, Solver
+from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
 
 _DENSE = 400  # points of the plotted trajectories
+
+
+#: most steps between two output times of step 4's explicit solves (:class:`NUTS` ``solver="auto"``) before
+#: CVODE redoes the solve: a non-stiff stretch takes tens of Dormand-Prince steps, a stiff one thousands
+EXPLICIT_STEPS = 1000
 
 
 # ----------------------------------------------------------------------------- options
@@ -69,7 +74,11 @@ class NUTS:
     round's mass matrix, ``"adapt"`` or ``"laplace"`` (see :func:`pgpgm.posterior.nuts.run_nuts`);
     rtol : the relative tolerance of step 4's ODE solves (default
     :data:`~pgpgm.posterior.nuts.POSTERIOR_RTOL`, 1e-6: 1.4-2x cheaper gradients than the solver's
-    1e-8, errors far below a posterior sd; None: the fit's solver as it is).
+    1e-8, errors far below a posterior sd; None: the fit's solver's); solver : step 4's ODE solver,
+    ``"auto"`` (default: where the fit's solver is :class:`~pgpgm.solve.cvode.CVODE`, the explicit
+    :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
+    output times, the CVODE redoing any solve it gives up - a stiff stretch; 2-4x cheaper gradients on
+    the shipped models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
     """
 
     draws: int = 500
@@ -81,13 +90,23 @@ class NUTS:
     cores: int | None = None
     metric: str = "adapt"
     rtol: float | None = POSTERIOR_RTOL
+    solver: str | Solver = "auto"
 
     def solver_for(self, solver: Solver) -> Solver:
-        """Step 4's solver: ``solver`` at :attr:`rtol` (``solver`` itself when rtol is None)."""
-        return solver if self.rtol is None else replace(solver, rtol=float(self.rtol))
+        """Step 4's solver given the fit's ``solver``: :attr:`solver` (see the class), at :attr:`rtol` (the
+        solver's own when rtol is None)."""
+        if isinstance(self.solver, Solver):
+            solver = self.solver
+        at = solver if self.rtol is None else replace(solver, rtol=float(self.rtol))
+        if self.solver == "auto" and isinstance(solver, CVODE):
+            return DOPRI5(rtol=at.rtol, atol=at.atol, max_steps=EXPLICIT_STEPS, fallback=at)
+        return at
 
     def __post_init__(self):
         set_ = object.__setattr__
+        if not (isinstance(self.solver, Solver) or self.solver in ("auto", "fit")):
+            raise DataError(f"NUTS solver must be 'auto', 'fit' or a solver object such as pgpgm.CVODE(), got "
+                            f"{self.solver!r}")
         if self.rtol is not None and not (isinstance(self.rtol, (int, float)) and 0 < self.rtol < 1):
             raise DataError(f"NUTS rtol must be a number in (0, 1) or None (the fit's solver's), got {self.rtol!r}")
         if self.metric not in METRICS:
@@ -289,7 +308,7 @@ def fit(
     :func:`pgpgm.posterior.nuts.sample_posterior`'s ``max_rounds``; with ``"nutpie"`` one run that ends
     when R-hat and ESS pass (up to ``posterior_draws * 2 ** (posterior_rounds - 1)`` draws per chain);
     all rounds within ``posterior_budget``:
-    a :class:`pgpgm.PosteriorBudget`, default 60 s and 1000000 gradient evaluations, a number of
+    a :class:`pgpgm.PosteriorBudget`, default 60 s and 3000000 gradient evaluations, a number of
     seconds, or None for no limit; once it is spent the fit returns the draws it has with a
     ConvergenceWarning saying so; chains that sit in separate modes are named, each with the optimum
     its mean refines to, instead of pooled), ``"laplace"`` (draws from the Gaussian

@@ -645,13 +645,16 @@ def test_nuts_rtol_is_checked_and_reaches_the_step4_model(monkeypatch):
             pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], priors=(0.0, 5.0), draws=200, tune=100, seed=1,
                       solver=solver, progressbar=False,
                       posterior=pgpgm.NUTS(draws=30, tune=30, chains=1, cores=1, rounds=1, rtol=rtol))
-    assert seen[0] == pgpgm.CVODE(rtol=1e-5, atol=1e-7, max_steps=solver.max_steps)
-    assert seen[1] == solver
+    # step 4's default solver="auto": the explicit DOPRI5 at those tolerances, the fit's CVODE behind it
+    at = pgpgm.CVODE(rtol=1e-5, atol=1e-7, max_steps=solver.max_steps)
+    assert seen[0] == pgpgm.DOPRI5(rtol=1e-5, atol=1e-7, max_steps=1000, fallback=at)
+    assert seen[1] == pgpgm.DOPRI5(rtol=1e-9, atol=1e-7, max_steps=1000, fallback=solver)
 
 
 def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
-    """The default step-4 tolerance (rtol 1e-6) against rtol = atol = 1e-12: FitzHugh-Nagumo with R
-    observed (V latent), at the truth and at points 20 % off it, moves the log density by < 1e-3 nats
+    """The default step-4 tolerance (rtol 1e-6), with CVODE and with step 4's default DOPRI5, against rtol =
+    atol = 1e-12: FitzHugh-Nagumo with R observed (V latent), at the truth and at points 20 % off it,
+    moves the log density by < 1e-3 nats
     and its gradient by < 1e-3 of its size - far below what NUTS or a posterior sd notice."""
     from pgpgm.posterior.nuts import POSTERIOR_RTOL, ValueSpace
 
@@ -661,9 +664,10 @@ def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
     obs = as_observations(data, list(case.observed), m.system)
     x0 = np.asarray(case.x0, float)
     out = []
-    for rtol, atol in ((POSTERIOR_RTOL, pgpgm.CVODE().atol), (1e-12, 1e-12)):
-        model, _ = build_ode_model(m.system, obs, x0=x0, priors=(0.0, 10.0), noise_sd=[0.1],
-                                   solver=pgpgm.CVODE(rtol=rtol, atol=atol))
+    solvers = (pgpgm.CVODE(rtol=POSTERIOR_RTOL), pgpgm.NUTS().solver_for(pgpgm.CVODE()),  # the default: DOPRI5
+               pgpgm.CVODE(rtol=1e-12, atol=1e-12))
+    for solver in solvers:
+        model, _ = build_ode_model(m.system, obs, x0=x0, priors=(0.0, 10.0), noise_sd=[0.1], solver=solver)
         space = ValueSpace(model)
         values = []
         for scale in (1.0, 0.8, 1.2):
@@ -672,6 +676,7 @@ def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
             lp, grad = space.logp_dlogp(x)
             values.append((float(lp), np.asarray(grad, float)))
         out.append(values)
-    for (lp, g), (lp_ref, g_ref) in zip(*out):
-        assert abs(lp - lp_ref) < 1e-3
-        assert np.max(np.abs(g - g_ref)) < 1e-3 * np.max(np.abs(g_ref))
+    for values in out[:2]:
+        for (lp, g), (lp_ref, g_ref) in zip(values, out[2]):
+            assert abs(lp - lp_ref) < 1e-3
+            assert np.max(np.abs(g - g_ref)) < 1e-3 * np.max(np.abs(g_ref))

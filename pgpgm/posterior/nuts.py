@@ -566,8 +566,9 @@ class PosteriorBudget:
     seconds : wall-clock seconds of sampling, all rounds together (None: no limit)
     gradient_evaluations : leapfrog steps (one ODE solve with sensitivities each) of all chains
         and rounds, tuning included (None: no limit); unlike seconds, it does not depend on the
-        machine or its load. The default, 1000000, leaves the 60 s to bind on a 2-core machine
-        (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence).
+        machine or its load. The default, 3000000, leaves the 60 s to bind on a 2-core machine
+        (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence; with
+        step 4's explicit solves 1000000 stopped Lotka-Volterra x2 with large noise at 53 s).
         Chains in waves (``cores < chains``) may exceed it by up to a quarter while the last wave's
         late-started chain catches up, and a wave's evaluations before its last chain started are
         not counted (see :class:`BudgetMeter`). Chains that run at once whose budget is spent before
@@ -582,7 +583,7 @@ class PosteriorBudget:
     """
 
     seconds: float | None = 60.0
-    gradient_evaluations: int | None = 1_000_000
+    gradient_evaluations: int | None = 3_000_000
 
     def __post_init__(self):
         for name in ("seconds", "gradient_evaluations"):
@@ -974,7 +975,7 @@ def run_nuts(
         that converges in the first round (FitzHugh-Nagumo) costs nothing more.
     progressbar : PyMC's progress bar
     budget : a :class:`PosteriorBudget`, a number of seconds, or None (no limit: the default of
-        this function; :func:`pgpgm.fit`'s default is ``PosteriorBudget()``, 60 s and 1000000
+        this function; :func:`pgpgm.fit`'s default is ``PosteriorBudget()``, 60 s and 3000000
         gradient evaluations). ``json.loads(tree.attrs["pgpgm_budget"])`` records the budget, what
         was used and what ran out (``"exhausted"``: ``""``, ``"seconds"``, ``"gradient evaluations"``);
         a round the budget cut short keeps the draws it made (all chains at the length of the

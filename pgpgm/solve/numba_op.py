@@ -2,18 +2,18 @@
 
 PyTensor compiles a graph for its NUMBA linker (PyMC's default, and nutpie's) by asking
 ``numba_funcify`` for a numba function per Op. For an :class:`ODEOp` whose integrator
-uses :class:`~pgpgm.solve.cvode.CVODE`, :func:`numba_ode_function` returns an njit
-function ``(theta (P,), x0 (S,)) -> x (N, S)`` - or ``(x, dx/dtheta (N, S, P),
-dx/dx0 (N, S, S))`` for the sensitivity Op - that seeds the initial state (and the
-identity seeds of the x0 sensitivities), and runs the whole CVODE solve
-(:func:`~pgpgm.solve.cvode.cvode_kernel`) inside compiled code: the sampler's logp and
-gradient reach CVODE without Python in between. The output times, the breakpoints at which
-the right-hand side switches in time (CVODE restarts at each), the tolerances and step budget
-are compile-time constants; the callbacks and the solve counter are reached through
-link-time symbols (:mod:`.native`), so the function is the same in every process and
-PyTensor caches it on disk under :func:`cache_key` (with the graphs that use it).
+uses :class:`~pgpgm.solve.cvode.CVODE` or :class:`~pgpgm.solve.dopri5.DOPRI5`,
+:func:`numba_ode_function` returns an njit function ``(theta (P,), x0 (S,)) -> x (N, S)`` - or
+``(x, dx/dtheta (N, S, P), dx/dx0 (N, S, S))`` for the sensitivity Op - that seeds the initial
+state (and the identity seeds of the x0 sensitivities), and runs the whole solve
+(:func:`~pgpgm.solve.cvode.cvode_kernel`, :func:`~pgpgm.solve.dopri5.dopri5_kernel`) inside
+compiled code: the sampler's logp and gradient reach the solver without Python in between. The
+output times, the breakpoints at which the right-hand side switches in time (the solver restarts
+at each), the tolerances and step budget are compile-time constants; the callbacks and the solve
+counter are reached through link-time symbols (:mod:`.native`), so the function is the same in
+every process and PyTensor caches it on disk under :func:`cache_key` (with the graphs that use it).
 
-A failed solve (a negative CVODE flag, a non-finite state, non-finite inputs) gives NaN
+A failed solve (a negative solver flag, a non-finite state, non-finite inputs) gives NaN
 outputs with ``on_failure="nan"`` and raises :class:`~pgpgm.errors.ODESolveError` with
 ``on_failure="raise"``, as the Python ``perform`` does. Each solve adds one (atomically) to
 the counter of its compiled function, which the integrator tracks
@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 from ..errors import DataError, ODESolveError
 from . import native
 from .cvode import CVODE, NON_FINITE, aug_half_band, cvode_callbacks, cvode_kernel
+from .dopri5 import DOPRI5, STEP_TOO_SMALL, TOO_MUCH_WORK, dopri5_callbacks, dopri5_kernel
 
 if TYPE_CHECKING:
     from .op import ODEOp
@@ -55,9 +56,12 @@ def _atomic_increment(typingctx, address):
 
 
 def compiles(op: ODEOp) -> bool:
-    """Whether ``op`` gets a numba implementation (its integrator uses compiled CVODE)."""
+    """Whether ``op`` gets a numba implementation (its integrator uses compiled CVODE, or DOPRI5)."""
     it = op.integrator
-    return isinstance(it.solver, CVODE) and it.solver.available() and cvode_callbacks(it.system.compiled) is not None
+    if isinstance(it.solver, DOPRI5) and it.solver.fallback is None:
+        return True
+    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver
+    return isinstance(cvode, CVODE) and cvode.available() and cvode_callbacks(it.system.compiled) is not None
 
 
 #: One solve counter per compiled function (by symbol name), for the life of the process: the
@@ -75,18 +79,18 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 3
+CODE_VERSION = 6
 
 
 def cache_key(op: ODEOp) -> str:
     """What identifies the compiled function of ``op`` across processes: the system's kernel
-    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, tolerances, step budget,
-    flags and initial values solved for, and :data:`CODE_VERSION`."""
+    key (:mod:`pgpgm.codegen.cache`), the output times, the breakpoints, the solver (its name, tolerances
+    and step budget), flags and initial values solved for, and :data:`CODE_VERSION`."""
     it = op.integrator
     s = it.solver
     h = hashlib.sha256(np.ascontiguousarray(it.times, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(it.breakpoints, dtype=np.float64).tobytes())
-    h.update(repr((it.system.compiled.key, float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
+    h.update(repr((it.system.compiled.key, repr(s), float(s.rtol), float(s.atol), int(s.max_steps), op.sensitivities,
                    op.on_failure, op.x0_free, CODE_VERSION)).encode())
     return h.hexdigest()[:24]
 
@@ -123,17 +127,47 @@ def numba_ode_function(op: ODEOp):
     free = np.arange(S) if op.x0_free is None else np.asarray(op.x0_free, dtype=np.int64)
     F = free.size
     K = P + F
-    kernel = cvode_kernel()  # links SUNDIALS
     n = S * (1 + K) if op.sensitivities else S
-    prefix = f"pgpgm_{it.system.compiled.key}_{'aug_' if op.sensitivities else ''}"
-    rhs_symbol, jac_symbol = prefix + "rhs", prefix + "jac"
+    aug = "aug_" if op.sensitivities else ""
     counter_symbol = track_solves(op, it)
     rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
     times = np.ascontiguousarray(it.times, dtype=np.float64)
     breaks = np.ascontiguousarray(it.breakpoints, dtype=np.float64)
     raise_on_failure = op.on_failure == "raise"
     sensitivities = op.sensitivities
-    half_band = aug_half_band(S) if sensitivities else -1
+    failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
+    key = it.system.compiled.key
+    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver  # None: DOPRI5 alone
+    if cvode is not None:
+        kernel = cvode_kernel()  # links SUNDIALS
+        cvode_callbacks(it.system.compiled)  # registers the callbacks' symbols
+        c_rtol, c_atol, c_steps = cvode.rtol, cvode.atol, cvode.max_steps
+        c_rhs, c_jac = f"pgpgm_{key}_{aug}rhs", f"pgpgm_{key}_{aug}jac"
+        half_band = aug_half_band(S) if sensitivities else -1
+
+        @numba.njit
+        def run_cvode(theta, y0, out):
+            return kernel(native.symbol_address(c_rhs), native.symbol_address(c_jac), c_rtol, c_atol, c_steps,
+                          times, theta, y0, out, breaks, half_band)
+    if not isinstance(it.solver, DOPRI5):
+        run = run_cvode
+    else:
+        dopri5_callbacks(it.system.compiled)  # registers the callbacks' symbols
+        dp_rhs = f"pgpgm_{key}_dp_{aug}rhs"
+
+        @numba.njit
+        def run_dopri5(theta, y0, out):
+            return dopri5_kernel(native.symbol_address(dp_rhs), rtol, atol, max_steps, times, theta, y0, out, breaks)
+
+        if cvode is None:
+            run = run_dopri5
+        else:
+            @numba.njit
+            def run(theta, y0, out):
+                flag, index, t = run_dopri5(theta, y0, out)
+                if flag == TOO_MUCH_WORK or flag == STEP_TOO_SMALL:  # a stiff stretch: CVODE redoes the solve
+                    return run_cvode(theta, y0, out)
+                return flag, index, t
 
     @numba.njit
     def augmented_solve(theta, x0):
@@ -150,12 +184,10 @@ def numba_ode_function(op: ODEOp):
         t_reached = times[0]
         if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
             _atomic_increment(native.symbol_address(counter_symbol))
-            flag, _, t_reached = kernel(native.symbol_address(rhs_symbol), native.symbol_address(jac_symbol), rtol,
-                                        atol, max_steps, times, np.ascontiguousarray(theta), y0, out,
-                                        breaks, half_band)
+            flag, _, t_reached = run(np.ascontiguousarray(theta), y0, out)
         if flag < 0:
             if raise_on_failure:
-                raise ODESolveError("CVODE failed in ODEOp (flag, time reached):", flag, t_reached)
+                raise ODESolveError(failed, flag, t_reached)
             out[:] = np.nan
         return out
 

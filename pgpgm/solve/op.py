@@ -123,7 +123,7 @@ def share_ode_solve(fgraph, node):
 
 def _register_numba() -> None:
     """Give PyTensor's numba backend the compiled Op (:mod:`.numba_op`) where the solver is
-    CVODE, with a cache key (:func:`.numba_op.cache_key`) so that PyTensor caches the compiled
+    CVODE or DOPRI5, with a cache key (:func:`.numba_op.cache_key`) so that PyTensor caches the compiled
     graph on disk and a new process loads it instead of compiling; other solvers run the
     Op's Python ``perform`` in object mode, without a warning at each compile (not cached)."""
     import warnings

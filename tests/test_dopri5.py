@@ -1,0 +1,144 @@
+"""DOPRI5, the explicit Dormand-Prince solver: analytic solutions, a tight independent reference,
+sensitivities against finite differences, breakpoints against a closed form, the compiled Op against
+the Python solve and its gradient against finite differences, failures named."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import pgpgm
+from pgpgm import CVODE, DOPRI5, Integrator, ODEOp, ODESolveError, ODESystem
+from pgpgm.solve.numba_op import cache_key
+from tests.conftest import scipy_reference
+from tests.test_breakpoints import THETA, infusion_exact
+
+TIGHT = DOPRI5(rtol=1e-10, atol=1e-12)
+
+
+def test_linear_decay_and_oscillator_analytic_with_sensitivities():
+    s = ODESystem.from_equations({"x": "-k*x"}, ["k"])
+    t = np.linspace(0, 5, 11)
+    x, dth, dx0 = Integrator(s, t, TIGHT).solve_sensitivities([0.7], [2.0])
+    np.testing.assert_allclose(x[:, 0], 2.0 * np.exp(-0.7 * t), rtol=1e-8)
+    np.testing.assert_allclose(dth[:, 0, 0], -2.0 * t * np.exp(-0.7 * t), rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(dx0[:, 0, 0], np.exp(-0.7 * t), rtol=1e-8)
+    osc = ODESystem.from_equations({"q": "v", "v": "-w**2*q"}, ["w"])
+    t, w = np.linspace(0, 10, 41), 1.3
+    x, dth, dx0 = Integrator(osc, t, TIGHT).solve_sensitivities([w], [1.0, 0.0])
+    np.testing.assert_allclose(x[:, 0], np.cos(w * t), atol=1e-8)
+    np.testing.assert_allclose(dth[:, 0, 0], -t * np.sin(w * t), atol=1e-7)  # d cos(wt)/dw
+    np.testing.assert_allclose(dx0[:, 0, 1], np.sin(w * t) / w, atol=1e-8)  # d q / d v0
+
+
+@pytest.mark.parametrize("name", ["lotka-volterra", "fitzhugh-nagumo", "protein-transduction"])
+def test_published_models_match_a_tight_scipy_solve(all_models, name):
+    spec = all_models[name]
+    c = spec.case()
+    ref = scipy_reference(spec.system, c.theta, c.x0, c.times)
+    x = Integrator(spec.system, c.times, TIGHT).solve(c.theta, c.x0)
+    np.testing.assert_allclose(x, ref, rtol=1e-7, atol=1e-9 * np.abs(ref).max())
+    # at step 4's tolerance it is at least as close as CVODE is (the comparison behind using it there)
+    loose = [np.abs(Integrator(spec.system, c.times, cls(rtol=1e-6)).solve(c.theta, c.x0) - ref).max()
+             for cls in (DOPRI5, CVODE)]
+    assert loose[0] <= 2 * loose[1], loose
+
+
+def test_sensitivities_match_finite_differences(lv):
+    c = lv.case()
+    sol = Integrator(lv.system, c.times, TIGHT)
+    _, dth, dx0 = sol.solve_sensitivities(c.theta, c.x0)
+    for k in range(lv.system.n_parameters):
+        h = 1e-5 * c.theta[k]
+        e = np.zeros_like(c.theta)
+        e[k] = h
+        fd = (sol.solve(c.theta + e, c.x0) - sol.solve(c.theta - e, c.x0)) / (2 * h)
+        np.testing.assert_allclose(dth[:, :, k], fd, rtol=1e-5, atol=1e-6)
+    e = np.array([1e-5, 0.0])
+    fd = (sol.solve(c.theta, c.x0 + e) - sol.solve(c.theta, c.x0 - e)) / 2e-5
+    np.testing.assert_allclose(dx0[:, :, 0], fd, rtol=1e-5, atol=1e-6)
+
+
+def test_breakpoints_against_the_closed_form_with_output_times_on_the_breaks():
+    pk = pgpgm.load_model("pk-infusion").system
+    t = np.array([0.0, 0.5, 1.0, 3.0, 12.0, 12.5, 13.0, 20.0, 24.0])  # 1, 12 and 13 are switches
+    x = Integrator(pk, t, TIGHT).solve(THETA, [0.0, 0.0])
+    np.testing.assert_allclose(x, infusion_exact(t, *THETA), rtol=1e-8, atol=1e-10)
+
+
+def test_compiled_op_equals_the_python_solve_and_its_gradient_finite_differences(lv):
+    c = lv.case()
+    integrator = Integrator(lv.system, c.times, DOPRI5(rtol=1e-10, atol=1e-12))
+    th, x0 = pt.dvector("th"), pt.dvector("x0")
+    w = np.random.default_rng(0).normal(size=(c.times.size, 2))
+    y = (ODEOp(integrator)(th, x0) * w).sum()
+    f = pytensor.function([th, x0], [y, *pt.grad(y, [th, x0])], mode="NUMBA")
+    value, g_th, g_x0 = f(c.theta, c.x0)
+    np.testing.assert_allclose(value, (integrator.solve_sensitivities(c.theta, c.x0)[0] * w).sum(), rtol=1e-13)
+    for k in range(4):
+        e = np.zeros(4)
+        e[k] = 1e-6 * c.theta[k]
+        fd = (f(c.theta + e, c.x0)[0] - f(c.theta - e, c.x0)[0]) / (2 * e[k])
+        np.testing.assert_allclose(g_th[k], fd, rtol=1e-6, atol=1e-8)
+    e = np.array([0.0, 1e-6])
+    np.testing.assert_allclose(g_x0[1], (f(c.theta, c.x0 + e)[0] - f(c.theta, c.x0 - e)[0]) / 2e-6, rtol=1e-6)
+    # the compiled code is cached under a key of its own: never CVODE's code at the same tolerances
+    cv = ODEOp(Integrator(lv.system, c.times, CVODE(rtol=1e-10, atol=1e-12)))
+    assert cache_key(ODEOp(integrator)) != cache_key(cv)
+
+
+def test_a_stiff_system_ends_with_a_named_flag_and_the_op_gives_nan():
+    # x' = -1e6 (x - cos t): its explicit steps are held to ~3e-6 by stability, 10^6 steps over [0, 3]
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    t = np.linspace(0, 3, 4)
+    with pytest.raises(ODESolveError, match="TOO_MUCH_WORK.*stiff"):
+        Integrator(stiff, t, DOPRI5(max_steps=2000)).solve([1e6], [1.0])
+    x = Integrator(stiff, t, CVODE()).solve([1e6], [1.0])[:, 0]  # what CVODE is for
+    np.testing.assert_allclose(x, np.cos(t), atol=1e-5)
+    th, x0 = pt.dvector("th"), pt.dvector("x0")
+    op = ODEOp(Integrator(stiff, t, DOPRI5(max_steps=2000)), on_failure="nan")
+    f = pytensor.function([th, x0], op(th, x0), mode="NUMBA")
+    assert np.isnan(f(np.array([1e6]), np.array([1.0]))).all()
+
+
+def test_a_blow_up_is_an_error_not_numbers():
+    s = ODESystem.from_equations({"x": "x**2"}, [])  # x = 1 / (1 - t): infinite at t = 1
+    with pytest.raises(ODESolveError, match="DOPRI5 failed"):
+        Integrator(s, np.linspace(0, 2, 5), DOPRI5()).solve([], [1.0])
+
+
+def test_a_fit_with_dopri5_reaches_cvodes_optimum(lv):
+    c = lv.case("x1-observed")
+    data = lv.simulate("x1-observed", seed=0)
+    kw = dict(kernel=c.kernel, gamma=c.gamma, priors=lv.priors("x1-observed"), posterior=None, progressbar=False)
+    a = pgpgm.fit(lv.system, data, c.observed, solver=DOPRI5(), **kw)
+    b = pgpgm.fit(lv.system, data, c.observed, **kw)
+    np.testing.assert_allclose(a.estimates["theta"].values, b.estimates["theta"].values, rtol=1e-4)
+
+
+def test_the_fallback_redoes_a_stiff_solve_with_cvode_in_python_and_in_the_op():
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    t = np.linspace(0, 3, 4)
+    solver = DOPRI5(max_steps=200, fallback=CVODE())
+    np.testing.assert_allclose(Integrator(stiff, t, solver).solve([1e6], [1.0])[:, 0], np.cos(t), atol=1e-5)
+    th, x0 = pt.dvector("th"), pt.dvector("x0")
+    f = pytensor.function([th, x0], ODEOp(Integrator(stiff, t, solver))(th, x0), mode="NUMBA")
+    np.testing.assert_allclose(f(np.array([1e6]), np.array([1.0]))[:, 0], np.cos(t), atol=1e-5)
+    slow = ODEOp(Integrator(stiff, t, DOPRI5(rtol=1e-10, atol=1e-12, fallback=CVODE(rtol=1e-10, atol=1e-12))))
+    g = pytensor.function([th, x0], slow(th, x0), mode="NUMBA")  # a mild lam: DOPRI5 itself, to its tolerance
+    exact = (np.cos(t) + np.sin(t) + np.exp(-t)) / 2  # x' = -(x - cos t), x(0) = 1
+    np.testing.assert_allclose(g(np.array([1.0]), np.array([1.0]))[:, 0], exact, atol=1e-9)
+    with pytest.raises(pgpgm.DataError, match="fallback must be a pgpgm.CVODE"):
+        DOPRI5(fallback=pgpgm.LSODA())
+
+
+def test_step_4_solves_with_dopri5_and_a_cvode_fallback_by_default():
+    auto = pgpgm.NUTS().solver_for(CVODE())
+    assert auto == DOPRI5(rtol=1e-6, atol=1e-8, max_steps=1000, fallback=CVODE(rtol=1e-6))
+    assert pgpgm.NUTS(solver="fit").solver_for(CVODE()) == CVODE(rtol=1e-6)
+    assert pgpgm.NUTS(rtol=None).solver_for(CVODE(rtol=1e-9)) == DOPRI5(rtol=1e-9, max_steps=1000,
+                                                                         fallback=CVODE(rtol=1e-9))
+    assert pgpgm.NUTS().solver_for(pgpgm.LSODA()) == pgpgm.LSODA(rtol=1e-6)  # not CVODE: kept as it is
+    assert pgpgm.NUTS(solver=DOPRI5()).solver_for(CVODE()) == DOPRI5(rtol=1e-6)
+    with pytest.raises(pgpgm.DataError, match="NUTS solver must be"):
+        pgpgm.NUTS(solver="rk4")
