@@ -77,8 +77,9 @@ class NUTS:
     1e-8, errors far below a posterior sd; None: the fit's solver's); solver : step 4's ODE solver,
     ``"auto"`` (default: where the fit's solver is :class:`~pgpgm.solve.cvode.CVODE`, the explicit
     :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
-    output times, the CVODE redoing any solve it gives up - a stiff stretch; 2-4x cheaper gradients on
-    the shipped models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
+    output times, the CVODE redoing any solve it gives up - a stiff stretch - and CVODE alone where
+    DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
+    models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
     """
 
     draws: int = 500
@@ -101,6 +102,20 @@ class NUTS:
         if self.solver == "auto" and isinstance(solver, CVODE):
             return DOPRI5(rtol=at.rtol, atol=at.atol, max_steps=EXPLICIT_STEPS, fallback=at)
         return at
+
+    def solver_at(self, solver: Solver, system: ODESystem, times: np.ndarray, theta, x0) -> Solver:
+        """:meth:`solver_for`, and where that is DOPRI5 with a fallback, the fallback instead when DOPRI5
+        gives up the solve with sensitivities at the refined point ``theta`` (P,), ``x0`` (S,) on
+        ``times`` (N,): a system stiff at its optimum would have every gradient begin with a wasted
+        explicit attempt."""
+        chosen = self.solver_for(solver)
+        if not (isinstance(chosen, DOPRI5) and chosen.fallback is not None):
+            return chosen
+        try:
+            Integrator(system, times, replace(chosen, fallback=None)).solve_sensitivities(theta, x0)
+        except ODESolveError:
+            return chosen.fallback
+        return chosen
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -1021,7 +1036,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
             noise_args = {"noise": plan.names, "noise_sd": plan.known,
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
-                                        solver=spec.solver_for(solver),
+                                        solver=spec.solver_at(solver, system, t, ref.theta, ref.x0),
                                         dense_times=dense.times, x0_priors=x0_priors,
                                         log_scale=log_scale_names(prior),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),

@@ -142,3 +142,13 @@ def test_step_4_solves_with_dopri5_and_a_cvode_fallback_by_default():
     assert pgpgm.NUTS(solver=DOPRI5()).solver_for(CVODE()) == DOPRI5(rtol=1e-6)
     with pytest.raises(pgpgm.DataError, match="NUTS solver must be"):
         pgpgm.NUTS(solver="rk4")
+
+
+def test_step_4_keeps_cvode_where_the_refined_point_is_stiff(lv):
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    t = np.linspace(0, 3, 4)
+    nuts = pgpgm.NUTS()
+    assert nuts.solver_at(CVODE(), stiff, t, [1e6], [1.0]) == CVODE(rtol=1e-6)  # DOPRI5 gives up there
+    assert nuts.solver_at(CVODE(), stiff, t, [1.0], [1.0]) == nuts.solver_for(CVODE())
+    c = lv.case()
+    assert isinstance(nuts.solver_at(CVODE(), lv.system, c.times, c.theta, c.x0), DOPRI5)
