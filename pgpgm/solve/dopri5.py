@@ -276,6 +276,39 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span):
 
 
 @numba.njit(cache=True)
+def _advance(rhs, t, target, h, end, y, k, ytmp, p, rtol, atol, max_steps):
+    """Steps from (t, y) with k[0] = f(t, y) to ``target`` (<= ``end``, the piece's end), the last
+    step cut to land on it; ``h`` is the proposed step (negative: choose a first one). Returns
+    ``(flag, t, h)``: flag 0 (t == target; a gap within rounding counts as reached),
+    :data:`TOO_MUCH_WORK` after ``max_steps`` trial steps, or :data:`STEP_TOO_SMALL`."""
+    n = y.shape[0]
+    steps = 0
+    while t < target:
+        if target - t <= 16.0 * _EPS * max(abs(t), abs(target)):
+            return 0, target, h  # within rounding: the state moves by rounding only
+        if h < 0.0:
+            h = _first_step(rhs, t, y, k[0], ytmp, k[1], p, rtol, atol, end - t)
+        hit = t + h >= target
+        hh = target - t if hit else h
+        if hh <= 16.0 * _EPS * max(abs(t), abs(target)):
+            return STEP_TOO_SMALL, t, h
+        err = _step(rhs, t, hh, y, k, ytmp, p, rtol, atol)
+        steps += 1
+        if steps > max_steps:
+            return TOO_MUCH_WORK, t, h
+        if err <= 1.0:
+            t = target if hit else t + hh
+            for j in range(n):
+                y[j] = ytmp[j]
+                k[0, j] = k[6, j]
+            grow = 10.0 if err == 0.0 else min(10.0, max(0.2, 0.9 * err ** -0.2))
+            h = max(h, hh * grow) if hit else hh * grow  # a step cut to hit the target keeps h
+        else:
+            h = hh * (0.25 if not np.isfinite(err) else max(0.2, 0.9 * err ** -0.2))
+    return 0, t, h
+
+
+@numba.njit(cache=True)
 def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
     """The compiled Dormand-Prince solve (cached on disk by numba; callable from numba code).
 
@@ -307,58 +340,18 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
             return NON_FINITE, index, t
         h = -1.0
         while index < N and times[index] <= end:
-            target = times[index]
-            steps = 0
-            while t < target:
-                if target - t <= 4.0 * _EPS * max(abs(t), abs(target)):
-                    t = target  # within rounding: the state moves by rounding only
-                    break
-                if h < 0.0:
-                    h = _first_step(rhs, t, y, k[0], ytmp, k[1], p, rtol, atol, end - t)
-                hit = t + h >= target
-                hh = target - t if hit else h
-                if hh <= 16.0 * _EPS * max(abs(t), abs(target)):
-                    return STEP_TOO_SMALL, index, t
-                err = _step(rhs, t, hh, y, k, ytmp, p, rtol, atol)
-                steps += 1
-                if steps > max_steps:
-                    return TOO_MUCH_WORK, index, t
-                if err <= 1.0:
-                    t = target if hit else t + hh
-                    for j in range(n):
-                        y[j] = ytmp[j]
-                        k[0, j] = k[6, j]
-                    grow = 10.0 if err == 0.0 else min(10.0, max(0.2, 0.9 * err ** -0.2))
-                    h = max(h, hh * grow) if hit else hh * grow  # a step cut to hit an output time keeps h
-                else:
-                    h = hh * (0.25 if not np.isfinite(err) else max(0.2, 0.9 * err ** -0.2))
+            flag, t, h = _advance(rhs, t, times[index], h, end, y, k, ytmp, p, rtol, atol, max_steps)
+            if flag != 0:
+                return flag, index, t
             for j in range(n):
                 if not np.isfinite(y[j]):
                     return NON_FINITE, index, t
                 out[index, j] = y[j]
             index += 1
         if piece < B:
-            if t < end:  # on to the end of the piece (no output time there)
-                steps = 0
-                while t < end:
-                    if h < 0.0:
-                        h = _first_step(rhs, t, y, k[0], ytmp, k[1], p, rtol, atol, end - t)
-                    hit = t + h >= end
-                    hh = end - t if hit else h
-                    if hh <= 16.0 * _EPS * max(abs(t), abs(end)):
-                        break  # within rounding of the break
-                    err = _step(rhs, t, hh, y, k, ytmp, p, rtol, atol)
-                    steps += 1
-                    if steps > max_steps:
-                        return TOO_MUCH_WORK, index, t
-                    if err <= 1.0:
-                        t = end if hit else t + hh
-                        for j in range(n):
-                            y[j] = ytmp[j]
-                            k[0, j] = k[6, j]
-                        h = hh * (10.0 if err == 0.0 else min(10.0, max(0.2, 0.9 * err ** -0.2)))
-                    else:
-                        h = hh * (0.25 if not np.isfinite(err) else max(0.2, 0.9 * err ** -0.2))
+            flag, t, h = _advance(rhs, t, end, h, end, y, k, ytmp, p, rtol, atol, max_steps)
+            if flag != 0:  # on to the end of the piece (no output time there)
+                return flag, index, t
             while index < N and times[index] <= breaks[piece]:  # an output time equal to the break
                 for j in range(n):
                     out[index, j] = y[j]
