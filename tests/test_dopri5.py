@@ -2,6 +2,8 @@
 sensitivities against finite differences, breakpoints against a closed form, the compiled Op against
 the Python solve and its gradient against finite differences, failures named."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -10,6 +12,7 @@ import pytest
 import pgpgm
 from pgpgm import CVODE, DOPRI5, Integrator, ODEOp, ODESolveError, ODESystem
 from pgpgm.solve.numba_op import cache_key
+from pgpgm.study.fit import _step4_solver
 from tests.conftest import scipy_reference
 from tests.test_breakpoints import THETA, infusion_exact
 
@@ -152,3 +155,14 @@ def test_step_4_keeps_cvode_where_the_refined_point_is_stiff(lv):
     assert nuts.solver_at(CVODE(), stiff, t, [1.0], [1.0]) == nuts.solver_for(CVODE())
     c = lv.case()
     assert isinstance(nuts.solver_at(CVODE(), lv.system, c.times, c.theta, c.x0), DOPRI5)
+
+
+def test_a_study_keeps_cvode_where_one_experiment_is_stiff_at_its_optimum():
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    obs = [SimpleNamespace(times=np.linspace(0, 3, 4))] * 2
+    nuts = pgpgm.NUTS()
+    mild = SimpleNamespace(thetas=np.array([[1.0], [2.0]]), x0s=np.array([[1.0], [1.0]]))
+    one_stiff = SimpleNamespace(thetas=np.array([[1.0], [1e6]]), x0s=np.array([[1.0], [1.0]]))
+    assert _step4_solver(nuts, CVODE(), stiff, obs, mild) == nuts.solver_for(CVODE())
+    assert isinstance(_step4_solver(nuts, CVODE(), stiff, obs, mild), DOPRI5)
+    assert _step4_solver(nuts, CVODE(), stiff, obs, one_stiff) == CVODE(rtol=1e-6)

@@ -210,7 +210,7 @@ def fit_study(
                                   [dict(e.fixed) for e in study.experiments], varying=varying, hierarchical=hier,
                                   priors=prior, noise_center=dict(zip(best.noise_names, best.noise_sd)),
                                   noise_sd=given_sd if plan is None else plan[1],
-                                  solver=posterior.solver_for(solver),
+                                  solver=_step4_solver(posterior, solver, system, observations, best),
                                   population_priors=population_priors, centred=centred,
                                   noise=None if plan is None else plan[0], noise_per_experiment=per_experiment)
         n_obs = dict(zip(joint.noise_names, joint.n_obs().tolist()))
@@ -323,6 +323,17 @@ def _noise_sd(noise_sd, observed: tuple[str, ...]) -> dict[str, float] | None:
         out[s] = f
     return out
 
+
+
+def _step4_solver(posterior: NUTS, solver: Solver, system: ODESystem, observations, best: JointRefinement) -> Solver:
+    """Step 4's solver for the joint model: :meth:`NUTS.solver_for`, or its fallback (CVODE) alone where
+    DOPRI5 gives up at any experiment's refined point (:meth:`NUTS.solver_at`)."""
+    chosen = posterior.solver_for(solver)
+    for obs, theta, x0 in zip(observations, best.thetas, best.x0s):
+        at = posterior.solver_at(solver, system, obs.times, theta, x0)
+        if at != chosen:
+            return at
+    return chosen
 
 def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, joint: JointProblem, free,
            known: Mapping[str, float], n_obs: Mapping[str, int],
