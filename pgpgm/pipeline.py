@@ -77,7 +77,7 @@ class NUTS:
     1e-8, errors far below a posterior sd; None: the fit's solver's); solver : step 4's ODE solver,
     ``"auto"`` (default: where the fit's solver is :class:`~pgpgm.solve.cvode.CVODE`, the explicit
     :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
-    output times, the CVODE redoing any solve it gives up - a stiff stretch - and CVODE alone where
+    output times and its stiffness test, the CVODE redoing any solve it gives up - a stiff stretch - and CVODE alone where
     DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
     models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
     """
@@ -100,7 +100,7 @@ class NUTS:
             solver = self.solver
         at = solver if self.rtol is None else replace(solver, rtol=float(self.rtol))
         if self.solver == "auto" and isinstance(solver, CVODE):
-            return DOPRI5(rtol=at.rtol, atol=at.atol, max_steps=EXPLICIT_STEPS, fallback=at)
+            return DOPRI5(rtol=at.rtol, atol=at.atol, max_steps=EXPLICIT_STEPS, fallback=at, stiffness=True)
         return at
 
     def solver_at(self, solver: Solver, system: ODESystem, times: np.ndarray, theta, x0) -> Solver:

@@ -137,10 +137,10 @@ def test_the_fallback_redoes_a_stiff_solve_with_cvode_in_python_and_in_the_op():
 
 def test_step_4_solves_with_dopri5_and_a_cvode_fallback_by_default():
     auto = pgpgm.NUTS().solver_for(CVODE())
-    assert auto == DOPRI5(rtol=1e-6, atol=1e-8, max_steps=1000, fallback=CVODE(rtol=1e-6))
+    assert auto == DOPRI5(rtol=1e-6, atol=1e-8, max_steps=1000, fallback=CVODE(rtol=1e-6), stiffness=True)
     assert pgpgm.NUTS(solver="fit").solver_for(CVODE()) == CVODE(rtol=1e-6)
     assert pgpgm.NUTS(rtol=None).solver_for(CVODE(rtol=1e-9)) == DOPRI5(rtol=1e-9, max_steps=1000,
-                                                                         fallback=CVODE(rtol=1e-9))
+                                                                         fallback=CVODE(rtol=1e-9), stiffness=True)
     assert pgpgm.NUTS().solver_for(pgpgm.LSODA()) == pgpgm.LSODA(rtol=1e-6)  # not CVODE: kept as it is
     assert pgpgm.NUTS(solver=DOPRI5()).solver_for(CVODE()) == DOPRI5(rtol=1e-6)
     with pytest.raises(pgpgm.DataError, match="NUTS solver must be"):
@@ -166,3 +166,37 @@ def test_a_study_keeps_cvode_where_one_experiment_is_stiff_at_its_optimum():
     assert _step4_solver(nuts, CVODE(), stiff, obs, mild) == nuts.solver_for(CVODE())
     assert isinstance(_step4_solver(nuts, CVODE(), stiff, obs, mild), DOPRI5)
     assert _step4_solver(nuts, CVODE(), stiff, obs, one_stiff) == CVODE(rtol=1e-6)
+
+
+@pytest.mark.parametrize("lam", [100.0, 3000.0])
+def test_the_stiffness_test_hands_a_stiff_solve_to_cvode(lam):
+    """x' = -lam (x - cos t) is stiff for large lam: DOPRI5 alone crawls on (and stays exact), with the
+    test (at step 4's rtol 1e-6) it stops with STIFF, with a fallback CVODE's answer comes back; an
+    oscillator (non-stiff) passes."""
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    t = np.linspace(0, 10, 21)
+    exact = (lam**2 * np.cos(t) + lam * np.sin(t)) / (lam**2 + 1) + (1 - lam**2 / (lam**2 + 1)) * np.exp(-lam * t)
+    crawled = Integrator(stiff, t, DOPRI5(rtol=1e-6, atol=1e-8, max_steps=100_000)).solve([lam], [1.0])
+    np.testing.assert_allclose(crawled[:, 0], exact, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ODESolveError, match="STIFF"):
+        Integrator(stiff, t, DOPRI5(rtol=1e-6, atol=1e-8, max_steps=100_000, stiffness=True)).solve([lam], [1.0])
+    cv = CVODE(rtol=1e-6, atol=1e-8)
+    handed = Integrator(stiff, t, DOPRI5(rtol=1e-6, atol=1e-8, stiffness=True, fallback=cv))
+    np.testing.assert_array_equal(handed.solve_sensitivities([lam], [1.0])[0],
+                                  Integrator(stiff, t, cv).solve_sensitivities([lam], [1.0])[0])
+    theta_, x0_ = pt.dvector("theta"), pt.dvector("x0")
+    op = ODEOp(handed, sensitivities=False)
+    f = pytensor.function([theta_, x0_], op(theta_, x0_), mode="NUMBA")
+    np.testing.assert_array_equal(f(np.array([lam]), np.array([1.0])), Integrator(stiff, t, cv).solve([lam], [1.0]))
+    oscillator = ODESystem.from_equations({"x": "v", "v": "-w**2*x"}, ["w"])
+    t = np.linspace(0, 20, 41)
+    out = Integrator(oscillator, t, DOPRI5(rtol=1e-8, atol=1e-10, stiffness=True)).solve([2.0], [1.0, 0.0])
+    np.testing.assert_allclose(out[:, 0], np.cos(2 * t), atol=1e-6)
+
+
+def test_step_4_keeps_cvode_where_the_refined_point_is_mildly_stiff():
+    """lam = 300: DOPRI5 does not give up (no max_steps reached) but its steps are bounded by stability."""
+    stiff = ODESystem.from_equations({"x": "-lam*(x - cos(t))"}, ["lam"])
+    t = np.linspace(0, 10, 21)
+    Integrator(stiff, t, DOPRI5(rtol=1e-6, max_steps=1000)).solve_sensitivities([300.0], [1.0])  # no failure
+    assert pgpgm.NUTS().solver_at(CVODE(), stiff, t, [300.0], [1.0]) == CVODE(rtol=1e-6)

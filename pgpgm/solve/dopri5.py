@@ -8,7 +8,17 @@ seven stages, the last reused as the next step's first, error from the embedded 
 solution, step size h (0.9 / err)^(1/5)) takes fewer steps at the same tolerances, each a few
 right-hand-side calls: at 80 draws of a Lotka-Volterra posterior, 2.1-2.2x faster than CVODE
 and about 10x closer to a 1e-12 solve (``benchmarks/RESULTS.md``). On a stiff system its step
-is bounded by stability, not accuracy: it crawls, and ``max_steps`` ends the solve with a flag.
+is bounded by stability, not accuracy: it crawls (55x CVODE's time on x' = -3000 (x - cos t) with
+sensitivities, never reaching ``max_steps``). With ``stiffness=True`` it tests for that with Hairer
+and Wanner's estimate: after each accepted step, h times the Jacobian's largest eigenvalue is about
+``h |f(y1) - f(y6)| / |y1 - y6|`` (y1 the new solution, y6 the last stage's argument). On a stiff
+component the steps keep it at 1.5-3 (x' = -lam (x - cos t), rtol 1e-6: a median 1.57 at lam = 100,
+where the error estimate bounds the step, and 3.0 at lam = 1000, just inside the stability boundary
+3.3); steps bounded by the accuracy of a smooth solution keep it far below ((h lambda)^5 ~ rtol).
+After :data:`STIFF_STEPS` accepted steps above :data:`STIFF_H_LAMBDA` in one solve - about the work of
+one CVODE solve - the solve ends with the flag :data:`STIFF`: at lam >= 100 above, and at none of 400
+draws of each Lotka-Volterra large-noise posterior nor of 200 of FitzHugh-Nagumo's, protein
+transduction's and the repressilator's (step 4's solves with sensitivities, rtol 1e-6).
 
 The whole solve is one numba function (:func:`dopri5_kernel`) that reaches the model's
 right-hand side through a C callback (plain, or augmented with forward sensitivities) by its
@@ -44,11 +54,21 @@ if TYPE_CHECKING:
 #: Flags of :func:`dopri5_kernel` (0: success)
 TOO_MUCH_WORK = -1  # more than max_steps steps between two output times (as CVODE's CV_TOO_MUCH_WORK)
 STEP_TOO_SMALL = -3  # the step fell below rounding of t (the solution blows up, or the right-hand side fails)
+STIFF = -4  # the steps are bounded by stability (DOPRI5(stiffness=True); as Hairer and Wanner's IDID = -4)
 NON_FINITE = -1002  # a state or sensitivity became non-finite
 #: the flags after which a :attr:`DOPRI5.fallback` redoes the solve
-GIVES_UP = (TOO_MUCH_WORK, STEP_TOO_SMALL)
+GIVES_UP = (TOO_MUCH_WORK, STEP_TOO_SMALL, STIFF)
+#: accepted steps bounded by stability (h lambda > :data:`STIFF_H_LAMBDA`) after which
+#: ``DOPRI5(stiffness=True)`` ends a solve as :data:`STIFF`: a CVODE solve with sensitivities costs about
+#: 100-200 DOPRI5 steps (x' = -3000 (x - cos t) on [0, 10] with sensitivities: 0.34 ms against 18.8 ms
+#: for DOPRI5's ~10000 steps), so a solve is handed over before it costs much more than CVODE's
+STIFF_STEPS = 100
+#: the estimate of h times the largest eigenvalue above which a step counts as bounded by stability (see
+#: the module's notes)
+STIFF_H_LAMBDA = 1.0
 FLAG_NAMES = {TOO_MUCH_WORK: "TOO_MUCH_WORK (max_steps between two output times)",
               STEP_TOO_SMALL: "STEP_TOO_SMALL (the step size fell to rounding)",
+              STIFF: f"STIFF ({STIFF_STEPS} steps bounded by stability: the system is stiff here)",
               NON_FINITE: "NON_FINITE (state became NaN/inf)"}
 
 _EPS = 2.220446049250313e-16
@@ -63,13 +83,16 @@ class DOPRI5(Solver):
     rtol, atol, max_steps : as :class:`~pgpgm.solve.base.Solver` (max_steps: most steps between two
         output times; a stiff system exhausts it)
     fallback : a :class:`~pgpgm.solve.cvode.CVODE` that redoes a solve which DOPRI5 gives up
-        (``TOO_MUCH_WORK`` or ``STEP_TOO_SMALL``: a stiff stretch, or a step fallen to rounding), or
-        None (the failure is the solve's). Step 4's default (:class:`pgpgm.NUTS` ``solver="auto"``) is
-        ``DOPRI5(max_steps=1000, fallback=CVODE(...))``: explicit steps where they are cheap, CVODE
-        where the posterior reaches stiff values.
+        (``TOO_MUCH_WORK``, ``STEP_TOO_SMALL`` or ``STIFF``: a stiff stretch, or a step fallen to
+        rounding), or None (the failure is the solve's). Step 4's default (:class:`pgpgm.NUTS`
+        ``solver="auto"``) is ``DOPRI5(max_steps=1000, fallback=CVODE(...), stiffness=True)``: explicit
+        steps where they are cheap, CVODE where the posterior reaches stiff values.
+    stiffness : end a solve whose steps are bounded by stability with the flag ``STIFF`` (see the
+        module's notes); False (default): crawl on to ``max_steps``
     """
 
     fallback: Solver | None = None
+    stiffness: bool = False
     name: ClassVar[str] = "dopri5"
 
     def __post_init__(self):
@@ -113,7 +136,8 @@ class Dopri5Engine:
         out = np.empty((times.size, self.n))
         s = self.solver
         breaks = np.empty(0) if breaks is None else np.ascontiguousarray(breaks, dtype=np.float64)
-        flag, i, t = dopri5_kernel(self.rhs, s.rtol, s.atol, s.max_steps, np.ascontiguousarray(times, np.float64),
+        flag, i, t = dopri5_kernel(self.rhs, s.rtol, s.atol, s.max_steps, STIFF_STEPS if s.stiffness else 0,
+                                   np.ascontiguousarray(times, np.float64),
                                    np.ascontiguousarray(theta, np.float64), np.ascontiguousarray(y0, np.float64),
                                    out, breaks)
         if flag in GIVES_UP and self.fallback is not None:
@@ -123,6 +147,8 @@ class Dopri5Engine:
             if flag == TOO_MUCH_WORK:
                 hint = (f"; it took more than max_steps={s.max_steps} steps between two output times: the system "
                         "may be stiff at these values (pgpgm.CVODE() solves stiff systems), or raise max_steps")
+            elif flag == STIFF:
+                hint = "; pgpgm.CVODE() solves stiff systems (or DOPRI5(stiffness=False) crawls on)"
             raise ODESolveError(f"DOPRI5 failed with {FLAG_NAMES[flag]} at t = {t:.6g} (target t = {times[i]:.6g}, "
                                 f"theta = {np.asarray(theta).tolist()}){hint}")
         return out
@@ -208,10 +234,10 @@ _E1, _E3, _E4, _E5, _E6, _E7 = 71 / 57600, -71 / 16695, 71 / 1920, -17253 / 3392
 
 
 @numba.njit(cache=True)
-def _step(rhs, t, h, y, k, ytmp, p, rtol, atol):
+def _step(rhs, t, h, y, k, ytmp, ysti, p, rtol, atol):
     """One trial step of size h from (t, y) with k[0] = f(t, y): the 5th-order solution goes to ytmp,
-    f at it to k[6]; returns (the error's RMS norm, relative to atol + rtol |y|, or inf where a stage's
-    right-hand side failed)."""
+    f at it to k[6], the last stage's argument to ysti (k[5] = f there); returns (the error's RMS norm,
+    relative to atol + rtol |y|, or inf where a stage's right-hand side failed)."""
     n = y.shape[0]
     pa = p.ctypes.data
     ta = ytmp.ctypes.data
@@ -233,6 +259,7 @@ def _step(rhs, t, h, y, k, ytmp, p, rtol, atol):
         return np.inf
     for j in range(n):
         ytmp[j] = y[j] + h * (_A61 * k[0, j] + _A62 * k[1, j] + _A63 * k[2, j] + _A64 * k[3, j] + _A65 * k[4, j])
+        ysti[j] = ytmp[j]
     if _call_rhs(rhs, t + h, ta, k[5].ctypes.data, pa, n) != 0:
         return np.inf
     for j in range(n):
@@ -276,11 +303,13 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span):
 
 
 @numba.njit(cache=True)
-def _advance(rhs, t, target, h, end, y, k, ytmp, p, rtol, atol, max_steps):
+def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff):
     """Steps from (t, y) with k[0] = f(t, y) to ``target`` (<= ``end``, the piece's end), the last
-    step cut to land on it; ``h`` is the proposed step (negative: choose a first one). Returns
+    step cut to land on it; ``h`` is the proposed step (negative: choose a first one). ``stiff``
+    (2,) int: the stiffness test's limit (0: no test; :data:`STIFF_STEPS`) and its count of steps
+    bounded by stability, carried from one call to the next. Returns
     ``(flag, t, h)``: flag 0 (t == target; a gap within rounding counts as reached),
-    :data:`TOO_MUCH_WORK` after ``max_steps`` trial steps, or :data:`STEP_TOO_SMALL`."""
+    :data:`TOO_MUCH_WORK` after ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`."""
     n = y.shape[0]
     steps = 0
     while t < target:
@@ -292,11 +321,21 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, p, rtol, atol, max_steps):
         hh = target - t if hit else h
         if hh <= 16.0 * _EPS * max(abs(t), abs(target)):
             return STEP_TOO_SMALL, t, h
-        err = _step(rhs, t, hh, y, k, ytmp, p, rtol, atol)
+        err = _step(rhs, t, hh, y, k, ytmp, ysti, p, rtol, atol)
         steps += 1
         if steps > max_steps:
             return TOO_MUCH_WORK, t, h
         if err <= 1.0:
+            if stiff[0] > 0:  # h times the largest eigenvalue, estimated from the last two stages
+                num = 0.0
+                den = 0.0
+                for j in range(n):
+                    num += (k[6, j] - k[5, j]) ** 2
+                    den += (ytmp[j] - ysti[j]) ** 2
+                if den > 0.0 and hh * np.sqrt(num / den) > STIFF_H_LAMBDA:
+                    stiff[1] += 1
+                    if stiff[1] >= stiff[0]:
+                        return STIFF, t, h
             t = target if hit else t + hh
             for j in range(n):
                 y[j] = ytmp[j]
@@ -309,14 +348,15 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, p, rtol, atol, max_steps):
 
 
 @numba.njit(cache=True)
-def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
+def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, times, theta, y0, out, breaks):
     """The compiled Dormand-Prince solve (cached on disk by numba; callable from numba code).
 
-    ``dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks)`` integrates the system
+    ``dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, times, theta, y0, out, breaks)`` integrates the system
     whose right-hand-side callback (:func:`dopri5_callbacks`) is at address ``rhs`` from ``y0`` (n,) at
     ``times[0]`` with parameters ``theta`` (P,), writes the states at ``times`` (N,) into ``out`` (N, n)
     and returns ``(flag, index, t)``: flag 0 on success, else :data:`TOO_MUCH_WORK`,
-    :data:`STEP_TOO_SMALL` or :data:`NON_FINITE`; ``index`` the output time being computed when it
+    :data:`STEP_TOO_SMALL`, :data:`STIFF` (after ``stiff_steps`` steps at the stability boundary; 0: no
+    test) or :data:`NON_FINITE`; ``index`` the output time being computed when it
     stopped; ``t`` the time reached. ``breaks`` (B,), sorted and strictly inside the span: see the
     module's notes. A step whose right-hand side fails (a non-finite value) is retried at a quarter
     of its size.
@@ -328,6 +368,9 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
     k = np.empty((7, n))
     y = y0.copy()
     ytmp = np.empty(n)
+    ysti = np.empty(n)
+    stiff = np.zeros(2, np.int64)
+    stiff[0] = stiff_steps
     for j in range(n):
         out[0, j] = y0[j]
     B = breaks.shape[0]
@@ -340,7 +383,7 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
             return NON_FINITE, index, t
         h = -1.0
         while index < N and times[index] <= end:
-            flag, t, h = _advance(rhs, t, times[index], h, end, y, k, ytmp, p, rtol, atol, max_steps)
+            flag, t, h = _advance(rhs, t, times[index], h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff)
             if flag != 0:
                 return flag, index, t
             for j in range(n):
@@ -349,7 +392,7 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, times, theta, y0, out, breaks):
                 out[index, j] = y[j]
             index += 1
         if piece < B:
-            flag, t, h = _advance(rhs, t, end, h, end, y, k, ytmp, p, rtol, atol, max_steps)
+            flag, t, h = _advance(rhs, t, end, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff)
             if flag != 0:  # on to the end of the piece (no output time there)
                 return flag, index, t
             while index < N and times[index] <= breaks[piece]:  # an output time equal to the break

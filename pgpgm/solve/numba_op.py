@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 from ..errors import DataError, ODESolveError
 from . import native
 from .cvode import CVODE, NON_FINITE, aug_half_band, cvode_callbacks, cvode_kernel
-from .dopri5 import DOPRI5, STEP_TOO_SMALL, TOO_MUCH_WORK, dopri5_callbacks, dopri5_kernel
+from .dopri5 import DOPRI5, STEP_TOO_SMALL, STIFF, STIFF_STEPS, TOO_MUCH_WORK, dopri5_callbacks, dopri5_kernel
 
 if TYPE_CHECKING:
     from .op import ODEOp
@@ -79,7 +79,7 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 7
+CODE_VERSION = 8
 
 
 def cache_key(op: ODEOp) -> str:
@@ -154,10 +154,12 @@ def numba_ode_function(op: ODEOp):
     else:
         dopri5_callbacks(it.system.compiled)  # registers the callbacks' symbols
         dp_rhs = f"pgpgm_{key}_dp_{aug}rhs"
+        stiff_steps = STIFF_STEPS if it.solver.stiffness else 0
 
         @numba.njit
         def run_dopri5(theta, y0, out):
-            return dopri5_kernel(native.symbol_address(dp_rhs), rtol, atol, max_steps, times, theta, y0, out, breaks)
+            return dopri5_kernel(native.symbol_address(dp_rhs), rtol, atol, max_steps, stiff_steps, times, theta, y0,
+                                 out, breaks)
 
         if cvode is None:
             run = run_dopri5
@@ -165,7 +167,7 @@ def numba_ode_function(op: ODEOp):
             @numba.njit
             def run(theta, y0, out):
                 flag, index, t = run_dopri5(theta, y0, out)
-                if flag == TOO_MUCH_WORK or flag == STEP_TOO_SMALL:  # a stiff stretch: CVODE redoes the solve
+                if flag == TOO_MUCH_WORK or flag == STEP_TOO_SMALL or flag == STIFF:  # CVODE redoes the solve
                     return run_cvode(theta, y0, out)
                 return flag, index, t
 
