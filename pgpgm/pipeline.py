@@ -77,8 +77,8 @@ class NUTS:
     1e-8, errors far below a posterior sd; None: the fit's solver's); solver : step 4's ODE solver,
     ``"auto"`` (default: where the fit's solver is :class:`~pgpgm.solve.cvode.CVODE`, the explicit
     :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
-    output times and its stiffness test, the CVODE redoing any solve it gives up - a stiff stretch - and CVODE alone where
-    DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
+    output times and its stiffness test, the CVODE redoing any solve it gives up - a stiff stretch -
+    and CVODE alone where DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
     models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
     """
 

@@ -324,7 +324,6 @@ def _noise_sd(noise_sd, observed: tuple[str, ...]) -> dict[str, float] | None:
     return out
 
 
-
 def _step4_solver(posterior: NUTS, solver: Solver, system: ODESystem, observations, best: JointRefinement) -> Solver:
     """Step 4's solver for the joint model: :meth:`NUTS.solver_for`, or its fallback (CVODE) alone where
     DOPRI5 gives up at any experiment's refined point (:meth:`NUTS.solver_at`)."""
@@ -334,6 +333,7 @@ def _step4_solver(posterior: NUTS, solver: Solver, system: ODESystem, observatio
         if at != chosen:
             return at
     return chosen
+
 
 def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, joint: JointProblem, free,
            known: Mapping[str, float], n_obs: Mapping[str, int],
