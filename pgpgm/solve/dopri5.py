@@ -303,39 +303,39 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span):
 
 
 @numba.njit(cache=True)
-def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff):
+def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff_steps, stiff):
     """Steps from (t, y) with k[0] = f(t, y) to ``target`` (<= ``end``, the piece's end), the last
-    step cut to land on it; ``h`` is the proposed step (negative: choose a first one). ``stiff``
-    (2,) int: the stiffness test's limit (0: no test; :data:`STIFF_STEPS`) and its count of steps
-    bounded by stability, carried from one call to the next. Returns
-    ``(flag, t, h)``: flag 0 (t == target; a gap within rounding counts as reached),
-    :data:`TOO_MUCH_WORK` after ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`."""
+    step cut to land on it; ``h`` is the proposed step (negative: choose a first one).
+    ``stiff_steps`` is the stiffness test's limit (0: no test; :data:`STIFF_STEPS`), ``stiff`` the
+    solve's count of steps bounded by stability so far. Returns ``(flag, t, h, stiff)``: flag 0
+    (t == target; a gap within rounding counts as reached), :data:`TOO_MUCH_WORK` after
+    ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`; ``stiff`` the count after."""
     n = y.shape[0]
     steps = 0
     while t < target:
         if target - t <= 16.0 * _EPS * max(abs(t), abs(target)):
-            return 0, target, h  # within rounding: the state moves by rounding only
+            return 0, target, h, stiff  # within rounding: the state moves by rounding only
         if h < 0.0:
             h = _first_step(rhs, t, y, k[0], ytmp, k[1], p, rtol, atol, end - t)
         hit = t + h >= target
         hh = target - t if hit else h
         if hh <= 16.0 * _EPS * max(abs(t), abs(target)):
-            return STEP_TOO_SMALL, t, h
+            return STEP_TOO_SMALL, t, h, stiff
         err = _step(rhs, t, hh, y, k, ytmp, ysti, p, rtol, atol)
         steps += 1
         if steps > max_steps:
-            return TOO_MUCH_WORK, t, h
+            return TOO_MUCH_WORK, t, h, stiff
         if err <= 1.0:
-            if stiff[0] > 0:  # h times the largest eigenvalue, estimated from the last two stages
+            if stiff_steps > 0:  # h times the largest eigenvalue, estimated from the last two stages
                 num = 0.0
                 den = 0.0
                 for j in range(n):
                     num += (k[6, j] - k[5, j]) ** 2
                     den += (ytmp[j] - ysti[j]) ** 2
                 if den > 0.0 and hh * np.sqrt(num / den) > STIFF_H_LAMBDA:
-                    stiff[1] += 1
-                    if stiff[1] >= stiff[0]:
-                        return STIFF, t, h
+                    stiff += 1
+                    if stiff >= stiff_steps:
+                        return STIFF, t, h, stiff
             t = target if hit else t + hh
             for j in range(n):
                 y[j] = ytmp[j]
@@ -344,7 +344,7 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
             h = max(h, hh * grow) if hit else hh * grow  # a step cut to hit the target keeps h
         else:
             h = hh * (0.25 if not np.isfinite(err) else max(0.2, 0.9 * err ** -0.2))
-    return 0, t, h
+    return 0, t, h, stiff
 
 
 @numba.njit(cache=True)
@@ -369,8 +369,7 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, times, theta, y0, out
     y = y0.copy()
     ytmp = np.empty(n)
     ysti = np.empty(n)
-    stiff = np.zeros(2, np.int64)
-    stiff[0] = stiff_steps
+    stiff = 0
     for j in range(n):
         out[0, j] = y0[j]
     B = breaks.shape[0]
@@ -383,7 +382,8 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, times, theta, y0, out
             return NON_FINITE, index, t
         h = -1.0
         while index < N and times[index] <= end:
-            flag, t, h = _advance(rhs, t, times[index], h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff)
+            flag, t, h, stiff = _advance(rhs, t, times[index], h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
+                                            stiff_steps, stiff)
             if flag != 0:
                 return flag, index, t
             for j in range(n):
@@ -392,7 +392,8 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, times, theta, y0, out
                 out[index, j] = y[j]
             index += 1
         if piece < B:
-            flag, t, h = _advance(rhs, t, end, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff)
+            flag, t, h, stiff = _advance(rhs, t, end, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff_steps,
+                                            stiff)
             if flag != 0:  # on to the end of the piece (no output time there)
                 return flag, index, t
             while index < N and times[index] <= breaks[piece]:  # an output time equal to the break

@@ -79,7 +79,7 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 8
+CODE_VERSION = 9
 
 
 def cache_key(op: ODEOp) -> str:
