@@ -44,6 +44,7 @@ from .posterior.nuts import (
     build_ode_model,
     laplace_posterior,
     log_scale_names,
+    positive_initial_values,
     posterior_notes,
     run_nuts,
 )
@@ -1035,10 +1036,13 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         else:  # sds' priors about their starts (as the Gaussian ones), alpha's about its refined value
             noise_args = {"noise": plan.names, "noise_sd": plan.known,
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
+        refined_x0 = {s: (ref.x0[system.states.index(s)], ref.q_stderr.get(f"x0[{s}]", np.nan))
+                      for s in prepared.direct if s not in (prepared.x0_observed or {})}
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
                                         solver=spec.solver_at(solver, system, t, ref.theta, ref.x0),
                                         dense_times=dense.times, x0_priors=x0_priors,
                                         log_scale=log_scale_names(prior),
+                                        positive_x0=positive_initial_values(system, refined_x0),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),
                                         **({"observables": prepared.observables} if prepared.observables else {}))
         initial = tuple(s for s in (*prepared.direct, *refined.unknown) if s not in (prepared.x0_observed or {}))

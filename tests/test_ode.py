@@ -152,3 +152,14 @@ def test_linear_in_the_observed_states():
     assert fhn.linear_in([fhn.states.index("R")]) and not fhn.linear_in([fhn.states.index("V")])
     step = pgpgm.ODESystem.from_equations({"a": "where(b > 1, k, 0)", "b": "a"}, ["k"])
     assert step.linear_in([0]) and not step.linear_in([1])
+
+
+def test_keeps_sign_where_the_right_hand_side_vanishes_on_the_states_axis():
+    """SIR's S' = -beta S I / N and I' = beta S I / N - gamma I vanish where S = 0 and I = 0, R' = gamma I does
+    not; SEIR's I' = sigma E - gamma I does not (E feeds I); x' = a / x is not even defined at 0, and
+    x' = x log(x) is nan there (sympy): neither counts."""
+    sir, seir = pgpgm.load_model("sir").system, pgpgm.load_model("seir").system
+    assert [sir.keeps_sign(i) for i in range(3)] == [True, True, False]
+    assert not seir.keeps_sign(seir.states.index("I")) and seir.keeps_sign(seir.states.index("S"))
+    odd = pgpgm.ODESystem.from_equations({"x": "a/x", "y": "y*log(y)", "z": "a*z**2 - z*(x + y)"}, ["a"])
+    assert [odd.keeps_sign(i) for i in range(3)] == [False, False, True]

@@ -223,6 +223,53 @@ def test_log_scale_samples_the_same_posterior():
     _assert_quadrature_moments(tree, layout, obs)
 
 
+GROWTH = pgpgm.ODESystem.from_equations({"x": "r*x"}, ["r"], name="growth")
+T_GROWTH = np.linspace(0.0, 5.0, 15)
+SD_GROWTH = 0.5
+
+
+def test_a_positive_initial_value_samples_its_posterior_on_the_log_scale():
+    """x' = r x from x0 = 0.01, measured with sd 0.5 (the first points are noise only): the data fix
+    log x0 + r t, a straight ridge in (r, log x0) and a banana in (r, x0) whose curvature grows without
+    bound towards x0 = 0. With ``positive_x0`` (x0's Normal prior restricted to x0 > 0, sampled on the
+    log scale) NUTS has no divergence and its moments match the quadrature of the exact posterior
+    (analytic solution, the same truncated prior) within Monte-Carlo error. (On x0's own scale the same
+    runs had 4-8 divergences and a bulk ESS of 76-99 of 1600-3000 draws, against 792-2051 here; 2026-11-29.)"""
+    rng = np.random.default_rng(4)
+    y = 0.01 * np.exp(1.5 * T_GROWTH) + rng.normal(0.0, SD_GROWTH, T_GROWTH.size)
+    obs = as_observations({"time": T_GROWTH, "x": y}, ["x"], GROWTH)
+    model, layout = build_ode_model(GROWTH, obs, x0=[np.nan], priors={"r": (0.0, 5.0)}, noise_sd=[SD_GROWTH],
+                                    positive_x0=["x"])
+    assert [v.name for v in model.value_vars] == ["r_interval__", "x_0_interval__"]
+    rv = model["x_0"]  # PyMC's interval transform with no upper bound: log x0
+    assert float(model.rvs_to_transforms[rv].forward(np.float64(0.2), *rv.owner.inputs).eval()) == pytest.approx(
+        np.log(0.2), rel=1e-12)
+    # quadrature on (r, log x0) around the ridge; prior: Uniform r, Normal(y0, sd(y)) x0 > 0, times x0 (Jacobian)
+    prior = stats.norm(y[0], np.std(y))
+    r = np.linspace(0.8, 2.6, 721)
+    lx = np.linspace(np.log(1e-5), np.log(1.0), 801)
+    R, LX = np.meshgrid(r, lx, indexing="ij")
+    mu = np.exp(LX[..., None] + R[..., None] * T_GROWTH)
+    lp = -0.5 * ((y - mu) ** 2).sum(-1) / SD_GROWTH**2 + prior.logpdf(np.exp(LX)) + LX
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    assert w[[0, -1], :].sum() + w[:, [0, -1]].sum() < 1e-8  # the grid holds the posterior
+    tree = sample_posterior(model, {"r": 1.5, "x_0": 0.01}, {"r": 0.1, "x_0": 0.005}, draws=800, tune=400,
+                            chains=2, cores=1, seed=3, progressbar=False, max_rounds=1)
+    diag = diagnose(tree, layout.free)
+    assert diag.attrs["divergences"] == 0
+    for name, grid in (("r", R), ("x_0", np.exp(LX))):
+        m = (w * grid).sum()
+        s = np.sqrt((w * (grid - m) ** 2).sum())
+        draws = tree.posterior[name].values.ravel()
+        ess = float(diag["ess_bulk"].sel(variable=name))
+        assert ess > 400
+        assert abs(draws.mean() - m) < 4 * s / np.sqrt(ess), (name, draws.mean(), m)
+        assert abs(draws.std() / s - 1) < 4 * np.sqrt(1 / (2 * ess)), (name, draws.std(), s)
+    with pytest.raises(DataError, match="positive_x0"):
+        build_ode_model(GROWTH, obs, x0=[np.nan], priors={"r": (0.0, 5.0)}, noise_sd=[SD_GROWTH], positive_x0=["y"])
+
+
 def test_log_scale_meets_the_prior_bound_without_divergences():
     """A posterior cut by the prior's upper bound (k = 0.98 in Uniform(0, 1), posterior sd ~0.05):
     on PyMC's plain log scale the bound is a hard wall (log density -inf beyond it) and NUTS
@@ -682,3 +729,40 @@ def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
         for (lp, g), (lp_ref, g_ref) in zip(values, out[2]):
             assert abs(lp - lp_ref) < 1e-3
             assert np.max(np.abs(g - g_ref)) < 1e-3 * np.max(np.abs(g_ref))
+
+
+@pytest.mark.slow
+def test_default_fit_of_an_epidemic_from_few_infected_has_no_divergences():
+    """SIR with I measured (the shipped case at 15 irregular times, noise sd 10), the plain default fit: I's
+    initial value (refined ~0.3, I(0) = 1 true) is sampled on the log scale, as the equations keep I positive.
+    On I's own scale this fit had 1589 divergences of 32160 draws and stopped at the 60 s budget
+    (2026-11-29); now no divergence, converged, every I_0 draw positive."""
+    from pgpgm.posterior.diagnostics import mixing_problems
+
+    spec = pgpgm.load_model("sir")
+    c = spec.case()
+    rng = np.random.default_rng(0)
+    t = np.sort(np.concatenate([[c.times[0]], rng.uniform(c.times[0], c.times[-1], len(c.times) - 1)]))
+    data = pgpgm.simulate(spec.system, c.theta, c.x0, t, observed=list(c.observed), noise_sd=c.noise_sd, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = pgpgm.fit(spec.system, data, list(c.observed), progressbar=False, seed=0)
+    d = r.diagnostics.sel(sampler="posterior")
+    assert int(d["divergences"]) == 0 == int(r.posterior.sample_stats["diverging"].sum())
+    assert not mixing_problems(d), mixing_problems(d)  # R-hat <= 1.01 and ESS >= 400
+    assert r.posterior.posterior["I_0"].values.min() > 0
+
+
+def test_positive_initial_values_are_those_near_zero_of_states_kept_positive():
+    """SIR: I refined at 0.3 +- 0.2 (within 5 se of 0) is sampled on the log scale, and so is an I with an
+    unknown se; S at 762 +- 5 is far from 0 (its own scale), R is not kept positive by the equations
+    (R' = gamma I), a negative refined value is left as it is."""
+    from pgpgm.posterior.nuts import POSITIVE_X0_SE, positive_initial_values
+
+    sir = pgpgm.load_model("sir").system
+    assert POSITIVE_X0_SE == 5.0
+    assert positive_initial_values(sir, {"S": (762.0, 5.0), "I": (0.3, 0.2), "R": (0.1, 1.0)}) == ("I",)
+    assert positive_initial_values(sir, {"I": (0.3, np.nan)}) == ("I",)
+    assert positive_initial_values(sir, {"I": (-0.3, 0.2)}) == ()
+    assert positive_initial_values(sir, {"I": (1.1, 0.2)}) == ()  # 5.5 se from 0
+    assert positive_initial_values(sir, {"S": (0.9, 0.2)}) == ("S",)

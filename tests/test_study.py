@@ -267,3 +267,28 @@ def test_study_from_tidy_theophylline():
     obs = study.check(pgpgm.load_model("pk-oral").system)
     assert [o.states for o in obs] == [("C",)] * 12
     assert study.subset(["3", "1"]).names == ("3", "1")
+
+
+def test_study_model_samples_the_named_initial_values_on_the_log_scale():
+    """``build_study_model(positive_x0=)``: the named experiment's initial value gets the Normal prior restricted
+    to positive values, on PyMC's log scale (value variable ``..._interval__``, log x0); the other keeps the
+    plain Normal, and the restricted prior's log density is the Normal's renormalised to x0 > 0."""
+    import pymc as pm
+
+    from pgpgm.data import as_observations
+    from pgpgm.priors import Priors
+    from pgpgm.study.model import build_study_model
+
+    growth = pgpgm.ODESystem.from_equations({"x": "r*x"}, ["r"], name="growth")
+    t = np.linspace(0.0, 2.0, 6)
+    obs = [as_observations({"time": t, "x": 0.5 * np.exp(t) + d}, ["x"], growth) for d in (0.0, 0.1)]
+    model = build_study_model(growth, obs, ["a", "b"], [np.array([0.5]), np.array([0.6])], [(0,), (0,)], [{}, {}],
+                              priors=Priors.from_user(["r"], (0.0, 5.0)), noise_sd={"x": 0.1},
+                              positive_x0=[(0,), ()])
+    assert [v.name for v in model.value_vars] == ["r_interval__", "x_0[a]_interval__", "x_0[b]"]
+    y0, sd = float(obs[0].values[0, 0]), float(np.std(obs[0].values[:, 0]))
+    rv = model["x_0[a]"]
+    assert float(model.rvs_to_transforms[rv].forward(np.float64(0.3), *rv.owner.inputs).eval()) == pytest.approx(
+        np.log(0.3), rel=1e-12)
+    logp = float(pm.logp(rv, np.float64(0.3)).eval())
+    assert logp == pytest.approx(stats.norm(y0, sd).logpdf(0.3) - stats.norm(y0, sd).logsf(0.0), rel=1e-7)

@@ -287,6 +287,16 @@ class ODESystem:
                 return False
         return True
 
+    def keeps_sign(self, index: int) -> bool:
+        """Whether the equations keep the sign of the state at ``index``: its right-hand side vanishes
+        identically where that state is 0 (a population, an infection, a species made only from
+        itself: dI/dt = beta S I / N - gamma I). Its axis is then invariant, so a solution that
+        starts with the state positive keeps it positive, and a negative initial value describes a
+        solution negative throughout."""
+        _, x, _ = self.symbols
+        at_zero = self.expressions[index].subs(x[index], 0)
+        return bool(at_zero == 0 or sp.simplify(at_zero) == 0)
+
     def index_of_states(self, names: Sequence[str]) -> list[int]:
         """Positions of ``names`` in the state vector; unknown names raise a clear error."""
         if isinstance(names, str):

@@ -14,7 +14,7 @@ from ..logscale import measurement_noise
 from ..ode.system import ODESystem
 from ..pipeline import NUTS, fit
 from ..posterior.diagnostics import diagnose, warn_if_unconverged
-from ..posterior.nuts import PosteriorBudget, posterior_notes, run_nuts
+from ..posterior.nuts import PosteriorBudget, positive_initial_values, posterior_notes, run_nuts
 from ..priors import Priors
 from ..refinement import LeastSquaresProblem
 from ..solve import Integrator, Solver, default_solver
@@ -212,7 +212,8 @@ def fit_study(
                                   noise_sd=given_sd if plan is None else plan[1],
                                   solver=_step4_solver(posterior, solver, system, observations, best),
                                   population_priors=population_priors, centred=centred,
-                                  noise=None if plan is None else plan[0], noise_per_experiment=per_experiment)
+                                  noise=None if plan is None else plan[0], noise_per_experiment=per_experiment,
+                                  positive_x0=_positive_x0(system, names, best, free))
         n_obs = dict(zip(joint.noise_names, joint.n_obs().tolist()))
         known = (given_sd or {}) if plan is None else {s: v for s, v in plan[1].items() if np.isfinite(v)}
         center, spread = _start(system, layout, best, hier, varying, shared, joint, free, known, n_obs, centred)
@@ -333,6 +334,19 @@ def _step4_solver(posterior: NUTS, solver: Solver, system: ODESystem, observatio
         if at != chosen:
             return at
     return chosen
+
+
+def _positive_x0(system: ODESystem, names: Sequence[str], best: JointRefinement,
+                 free: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Per experiment, the free initial values step 4 samples on the log scale
+    (:func:`pgpgm.posterior.nuts.positive_initial_values` at the joint optimum)."""
+    def refined(name: str) -> tuple[float, float]:
+        k = best.names.index(name)
+        return float(best.q[k]), float(best.stderr[k])
+
+    return [tuple(system.states.index(s) for s in positive_initial_values(
+        system, {system.states[i]: refined(f"x0[{system.states[i]}][{e}]") for i in free[j]}))
+        for j, e in enumerate(names)]
 
 
 def _start(system, layout: JointLayout, best: JointRefinement, hier, varying, shared, joint: JointProblem, free,

@@ -6,6 +6,7 @@
                          p[e] = exp(mu_p + sigma_p z_p[e])          (log-normal, non-centred;
                          ``centred=True``: log_p[e] ~ Normal(mu_p, sigma_p), p[e] = exp(log_p[e]))
     <s>_0[e]           ~ Normal(first measurement, sd of the measurements)  observed states of e
+                         (restricted to positive values, on the log scale, where ``positive_x0`` says)
                          whose initial value the study does not know
     sigma_<s>          ~ LogNormal(log centre, 2)   one noise sd per observed state, shared
                          (``sigma_<s>[e]`` per experiment for the states in ``noise_per_experiment``)
@@ -72,7 +73,8 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                       noise_sd: Mapping[str, float] | None = None, solver: Solver | None = None,
                       population_priors: Mapping[str, Callable[[str], pt.TensorVariable]] | None = None,
                       centred: bool = False, noise: Mapping[str, str] | None = None,
-                      noise_per_experiment: Sequence[str] = ()) -> pm.Model:
+                      noise_per_experiment: Sequence[str] = (),
+                      positive_x0: Sequence[Sequence[int]] | None = None) -> pm.Model:
     """The joint ODE model of a study (see the module docstring).
 
     Parameters
@@ -93,6 +95,9 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
         sigma are tightly correlated; the non-centred form is better when they do not)
     noise : the :mod:`pgpgm.noise` model name by observed state (default normal)
     noise_per_experiment : observed states with a noise parameter per experiment
+    positive_x0 : (K,) state indices (among ``free_x0``) whose initial value's Normal prior is restricted
+        to positive values, sampled on the log scale (see ``pgpgm.build_ode_model(positive_x0=)``);
+        default none
 
     Returns
     -------
@@ -158,7 +163,9 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                 if i in free_x0[j]:
                     ym = obs.state_values(obs.states.index(s))
                     spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
-                    x0.append(pm.Normal(x0_name(s, e), mu=float(ym[0]), sigma=spread))
+                    positive = positive_x0 is not None and i in positive_x0[j]
+                    x0.append(pm.TruncatedNormal(x0_name(s, e), mu=float(ym[0]), sigma=spread, lower=0.0) if positive
+                              else pm.Normal(x0_name(s, e), mu=float(ym[0]), sigma=spread))
                 else:
                     x0.append(pt.as_tensor_variable(np.float64(x0s[j][i])))
             traj = ODEOp(Integrator(system, obs.times, solver), on_failure="nan",  # sensitivities to free x0 only
