@@ -312,7 +312,7 @@ def test_bound_report_counts_draws():
     assert [(r.parameter, r.side, r.refined) for r in report] == [("a", "upper", True), ("b", "lower", False)]
     assert report[1].fraction == 30 / 200 and np.isclose(report[0].fraction, np.mean(draws["a"] >= 9.9))
     assert "b is at the lower bound 1 of its Uniform prior (1, 2): 15 % of the posterior draws" in report[1].message
-    assert "widen the prior, e.g. priors={'a': (0, 20)}" in report[0].message
+    assert "widen the prior, e.g. priors={'a': (0, 100)}" in report[0].message
     assert bound_report(priors, [5.0, 1.5, 0.0], {"b": np.r_[near[:20], rng.uniform(1.2, 1.8, 180)]}) == ()
 
 
