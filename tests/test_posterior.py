@@ -141,6 +141,14 @@ def test_unconverged_posterior_warns_naming_the_parameters():
     assert any("ESS < 400 for k" in f for f in found)
     with pytest.warns(ConvergenceWarning, match="ESS < 400 for k"):
         warn_if_unconverged(diag, "NUTS")
+    # divergences alone are not called unconverged: the warning says R-hat and ESS hold and where to look
+    fine = diag.assign(rhat=diag["rhat"] * 0 + 1.001, ess_bulk=diag["ess_bulk"] * 0 + 1000,
+                       ess_tail=diag["ess_tail"] * 0 + 1000)
+    fine.attrs = {**diag.attrs, "divergences": 4}
+    with pytest.warns(ConvergenceWarning, match=r"has 4 divergent transitions \(R-hat <= 1.01 and ESS >= 400 hold\)"):
+        warn_if_unconverged(fine, "NUTS")
+    with pytest.warns(ConvergenceWarning, match="not converged: 4 divergent transitions; step 4 stopped"):
+        warn_if_unconverged(fine, "NUTS", notes=["step 4 stopped at its budget"])
 
 
 def test_laplace_posterior_matches_the_refinement_covariance(lv):

@@ -69,7 +69,13 @@ def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (),
     """Warn (:class:`ConvergenceWarning`) naming every failed check of the ``label`` posterior, and
     ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.nuts.posterior_notes`)."""
     found = problems(diag)
-    if found or notes:
+    if found and not notes and not mixing_problems(diag):  # divergences alone: R-hat and ESS hold
+        warnings.warn(f"the {label} posterior has {found[0]} (R-hat <= {RHAT_MAX:g} and ESS >= {ESS_MIN:g} hold): "
+                      "its draws may miss a region where the posterior bends sharply. See where they are "
+                      "(posterior.sample_stats['diverging']); a parameter against a prior bound or one that "
+                      "spans orders of magnitude on its own scale is the usual cause.",
+                      ConvergenceWarning, stacklevel=stacklevel)
+    elif found or notes:
         warnings.warn(f"the {label} posterior is not converged: " + "; ".join([*found, *notes])
                       + (". Run longer chains (draws=, tune=) or check the model." if not notes else "."),
                       ConvergenceWarning, stacklevel=stacklevel)
