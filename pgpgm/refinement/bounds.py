@@ -90,8 +90,9 @@ class AtBound:
         if self.side == "lower" and lo == 0:
             hint = "the parameter may be near 0 (or another one compensates it); check the model, or lower the bound"
         else:
-            # ten times the bound where the box starts at 0 or above (its parameter is on the log scale: a value
-            # many times the bound, e.g. Goodwin's a = 360 in (0, 10), is then one retry away), else doubled
+            # ten times the bound where the box starts at 0 or above (a box from 0 is sampled on the log scale, where
+            # a wider box costs little): a value many times the bound, e.g. Goodwin's a = 360 in (0, 10), is then one
+            # retry away; else doubled
             wider = ((lo, 10 * hi if lo >= 0 else hi + (hi - lo)) if self.side == "upper"
                      else (lo / 10 if lo > 0 else lo - (hi - lo), hi))
             hint = f"widen the prior, e.g. priors={{{self.parameter!r}: ({wider[0]:g}, {wider[1]:g})}}"
