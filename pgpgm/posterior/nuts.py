@@ -135,6 +135,14 @@ def positive_initial_values(system: ODESystem, refined: Mapping[str, tuple[float
                  if v > 0 and not v > POSITIVE_X0_SE * se and system.keeps_sign(system.states.index(s)))
 
 
+def initial_value_prior(name: str, mu, sd, positive: bool = False) -> pt.TensorVariable:
+    """The prior of a measured state's initial value: Normal(``mu``, ``sd``), restricted to positive values
+    when ``positive`` (``pm.TruncatedNormal(lower=0)``, which NUTS moves on the log scale)."""
+    if positive:
+        return pm.TruncatedNormal(name, mu=mu, sigma=sd, lower=0.0)
+    return pm.Normal(name, mu=mu, sigma=sd)
+
+
 def build_ode_model(
     system: ODESystem,
     data,
@@ -293,8 +301,7 @@ def build_ode_model(
             ym = obs.state_values(m)  # its measurements only (the first may come after times[0])
             spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
             mu, sd = pm.Data(data_name("x0_mu", s), float(ym[0])), pm.Data(data_name("x0_sd", s), spread)
-            first[system.states.index(s)] = (pm.TruncatedNormal(initial_value_name(s), mu=mu, sigma=sd, lower=0.0)
-                                             if s in positive_x0 else pm.Normal(initial_value_name(s), mu=mu, sigma=sd))
+            first[system.states.index(s)] = initial_value_prior(initial_value_name(s), mu, sd, s in positive_x0)
         u = Priors.from_user([initial_value_name(s) for s in unknown],
                              {initial_value_name(s): v for s, v in unknown.items()}).variables()
         for j, s in enumerate(unknown):  # unknown latent initial values

@@ -6,8 +6,8 @@
                          p[e] = exp(mu_p + sigma_p z_p[e])          (log-normal, non-centred;
                          ``centred=True``: log_p[e] ~ Normal(mu_p, sigma_p), p[e] = exp(log_p[e]))
     <s>_0[e]           ~ Normal(first measurement, sd of the measurements)  observed states of e
-                         (restricted to positive values, on the log scale, where ``positive_x0`` says)
-                         whose initial value the study does not know
+                         whose initial value the study does not know (restricted to positive values,
+                         on the log scale, where ``positive_x0`` says)
     sigma_<s>          ~ LogNormal(log centre, 2)   one noise sd per observed state, shared
                          (``sigma_<s>[e]`` per experiment for the states in ``noise_per_experiment``)
     x_e(t)             = the ODE solution of experiment e (one :class:`~pgpgm.solve.op.ODEOp` each)
@@ -39,7 +39,7 @@ from ..data import Observations
 from ..errors import DataError
 from ..noise import NOISE_MODELS, noise_model
 from ..ode.system import ODESystem
-from ..posterior.nuts import NOISE_PRIOR_LOG_SD
+from ..posterior.nuts import NOISE_PRIOR_LOG_SD, initial_value_prior
 from ..priors import Priors, prior_variable
 from ..solve import Integrator, Solver
 from ..solve.op import ODEOp
@@ -164,8 +164,7 @@ def build_study_model(system: ODESystem, observations: Sequence[Observations], n
                     ym = obs.state_values(obs.states.index(s))
                     spread = float(np.std(ym)) or float(abs(ym[0])) or 1.0
                     positive = positive_x0 is not None and i in positive_x0[j]
-                    x0.append(pm.TruncatedNormal(x0_name(s, e), mu=float(ym[0]), sigma=spread, lower=0.0) if positive
-                              else pm.Normal(x0_name(s, e), mu=float(ym[0]), sigma=spread))
+                    x0.append(initial_value_prior(x0_name(s, e), float(ym[0]), spread, positive))
                 else:
                     x0.append(pt.as_tensor_variable(np.float64(x0s[j][i])))
             traj = ODEOp(Integrator(system, obs.times, solver), on_failure="nan",  # sensitivities to free x0 only
