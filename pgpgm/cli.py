@@ -218,7 +218,10 @@ def _write_outputs(result, out: Path, title: str, extra: list[str] = ()) -> None
     starts = ", ".join(f"{k} {v:.6g}" for k, v in result.nll_per_start.items())
     fit_line = (f"negative log likelihood at the refined point: {result.nll:.6g} (refinement starts: {starts}; "
                 "lower is better, comparable between fits of the same data)")
-    lines = [f"# {title}", "", _table(table), "", fit_line, "",
+    competing = result.competing_optima
+    rivals = (["## Other optima as good (the estimates describe the refined point's only)", "",
+               _table(competing.set_index("origin")), ""] if not competing.empty else [])
+    lines = [f"# {title}", "", _table(table), "", fit_line, "", *rivals,
              *(["## At a prior bound", "", *bounds, ""] if bounds else []),
              "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
              "ODE solves: " + ", ".join(f"{k} {v}" for k, v in result.n_ode_solves.items()), *extra]

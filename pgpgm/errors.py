@@ -36,6 +36,12 @@ class IdentifiabilityWarning(UserWarning):
     """The data do not determine some unknowns (a rank-deficient Jacobian, an unbounded likelihood)."""
 
 
+class CompetingOptimaWarning(IdentifiabilityWarning):
+    """The data fit (nearly) as well at another point than at the refined one: a symmetry of the
+    model (two parameters exchanged) or a second optimum. The estimates and step 4's posterior
+    describe the refined point's optimum only (``result.competing_optima`` lists the others)."""
+
+
 class ConvergenceWarning(UserWarning):
     """A posterior failed a convergence check (R-hat > 1.01, ESS < 400 or divergences)."""
 

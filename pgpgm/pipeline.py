@@ -20,7 +20,7 @@ import xarray as xr
 
 from .checks import as_float_array, check_count, check_gamma, noise_levels
 from .data import Observations, as_observations, initial_value_priors, initial_values
-from .errors import DataError, IdentifiabilityWarning, ODESolveError
+from .errors import CompetingOptimaWarning, DataError, IdentifiabilityWarning, ODESolveError
 from .gp import GPFit
 from .gp.kernels import KERNELS
 from .logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
@@ -51,6 +51,7 @@ from .posterior.nuts import (
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
+from .refinement.optima import CompetingOptimum, competing_optima, describe
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
@@ -237,8 +238,8 @@ class Matched:
 class Refined:
     """Step 3: the best refinement ``best`` of those from every start (``starts`` name -> (Q,)), the
     chains' pooled means (``theta_sampled`` (P,), ``x0_sampled`` (S,)), the least-squares problem,
-    the GPs' noise sds carried to the likelihood's scale (``noise_start`` (M,)) and the latent states
-    with unknown initial values."""
+    the GPs' noise sds carried to the likelihood's scale (``noise_start`` (M,)), the latent states
+    with unknown initial values, and the optima that compete with the best (``competing``)."""
 
     best: Refinement
     refinements: tuple[Refinement, ...]
@@ -250,6 +251,7 @@ class Refined:
     unknown: tuple[str, ...]
     priors: Priors | None = None
     x0_priors: dict | None = None
+    competing: tuple[CompetingOptimum, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -812,9 +814,10 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
             noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
     if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
         noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
-    problem, noise_start, refinements, k = _refine_observables_from(prepared, options, integrator, spec,
-                                                                    noise_start, x0_full, free_x0, starts, bounds)
-    return Refined(refinements[k], refinements, starts, problem, p_s, x0_full, noise_start, unknown, prior, x0_priors)
+    problem, noise_start, refinements, k, competing = _refine_observables_from(
+        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, bounds)
+    return Refined(refinements[k], refinements, starts, problem, p_s, x0_full, noise_start, unknown, prior, x0_priors,
+                   competing)
 
 
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
@@ -846,11 +849,11 @@ def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX
     else:
         noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
     integrator = Integrator(system, obs.times, options.solver)
-    problem, noise_start, refinements, k = _refine_observables_from(prepared, options, integrator, spec,
-                                                                    noise_start, x0_full, free_x0, starts, prior.bounds)
+    problem, noise_start, refinements, k, competing = _refine_observables_from(
+        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, prior.bounds)
     theta0, x0_start = problem.split(inner[k])
     return Refined(refinements[k], refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior,
-                   x0_priors)
+                   x0_priors, competing)
 
 
 def _add_observables(result: FitResult, prepared: Prepared, refined: Refined) -> None:
@@ -965,8 +968,18 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
         starts["box search's best optimum"] = np.array(last.box_q)
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements, k = _refine_from(problem, starts, bounds, estimate_noise)
-    return Refined(refinements[k], refinements, starts, problem, theta_s, x0_full, noise_start, unknown)
+    # the stop rule's optima (each chain's, the box search's best): it compares likelihoods, not points, so
+    # they may lie in another optimum as good as the best (a symmetry): candidates of competing optima
+    others = {}
+    if matched.own_rule and last is not None and prepared.matching.system is system and not on_log:
+        P = system.n_parameters
+        others = {f"chain {c}'s optimum at the stop rule's last check": np.array(th, float)[:P]
+                  for c, th in enumerate(last.theta)}
+        if last.box_q:
+            others["the stop rule's box search's best optimum"] = np.array(last.box_q, float)[:P]
+    refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, others)
+    return Refined(refinements[k], refinements, starts, problem, theta_s, x0_full, noise_start, unknown,
+                   competing=competing)
 
 
 def _without_fixed(priors, init, fixed: Mapping[str, float], parameters: Sequence[str], kept: Sequence[str]):
@@ -992,29 +1005,36 @@ def _refine_observables_from(prepared: Prepared, options: FitOptions, integrator
     problem = ObservablesProblem.of(integrator, spec, prepared.obs.values, noise_start, x0_full, free_x0=free_x0,
                                     noise=None if plan is None else plan.names)
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements, k = _refine_from(problem, starts, bounds, estimate_noise)
-    return problem, noise_start, refinements, k
+    refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise)
+    return problem, noise_start, refinements, k, competing
 
 
 def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bounds: np.ndarray,
-                 estimate_noise) -> tuple[tuple[Refinement, ...], int]:
+                 estimate_noise, others: Mapping[str, np.ndarray] | None = None
+                 ) -> tuple[tuple[Refinement, ...], int, tuple[CompetingOptimum, ...]]:
     """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``): the refinements, in the
-    order of ``starts``, and the index of the best (the lowest negative log likelihood; the first of
-    equals). Raises :class:`ODESolveError` when every start failed; warns when the data do not
-    determine some parameters at the best."""
+    order of ``starts``, the index of the best (the lowest negative log likelihood; the first of
+    equals), and the optima that compete with it (:func:`~pgpgm.refinement.optima.competing_optima`:
+    among the refinements, ``others`` (name -> (P,) or (Q,) points, e.g. the stop rule's optima) and the
+    best with two parameters exchanged). Raises :class:`ODESolveError` when every start failed; warns
+    when the data do not determine some parameters at the best."""
     refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
                         for q in starts.values())
     usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
     k = min(usable, key=lambda j: refinements[j].nll)
+    best = refinements[k]
+    names = best.q_names[:best.theta.size]
+    competing = competing_optima(problem, best, refinements, others or {}, bounds, names,
+                                 estimate_noise=estimate_noise, labels=list(starts))
     if refinements[k].undetermined:
         names = refinements[k].undetermined
         what = "its standard error is" if len(names) == 1 else "their standard errors are"
         which = "it" if len(names) == 1 else "some of them"
         warnings.warn(f"the data do not determine {', '.join(names)}: {what} infinite; fix or give a tighter prior "
                       f"to {which}, or measure more states", IdentifiabilityWarning, stacklevel=4)
-    return refinements, k
+    return refinements, k, competing
 
 
 def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:
@@ -1098,6 +1118,10 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     prior = refined.priors if refined.priors is not None else matched.density.priors
     at_bounds = bound_report(prior, refined.best.theta, draws, stderr=refined.best.stderr)
     warn_at_bounds(at_bounds, stacklevel=4)
+    if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe
+        best = refined.best
+        warnings.warn(describe(refined.competing, best, best.q_names[:best.theta.size]), CompetingOptimaWarning,
+                      stacklevel=4)
     data, true_theta = prepared.data, prepared.true_theta
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]
@@ -1119,7 +1143,7 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
                     noise_gp=matched.density.noise_sd if prepared.observables is None else refined.noise_start,
                     true_theta=true_theta, x0_true=x0_true,
                     solver=refined.problem.integrator.solver, dense_points=_DENSE, timings=timings, solves=solves,
-                    diagnostics=diagnostics)
+                    diagnostics=diagnostics, competing=refined.competing)
 
 
 def _known_observed_x0(values, states, scales) -> dict[str, float]:

@@ -7,7 +7,7 @@ import json
 import os
 import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from .ode.system import ODESystem
 from .plots import plot_parameters, plot_states
 from .posterior.diagnostics import problems
 from .refinement import AtBound, Refinement
+from .refinement.optima import CompetingOptimum
 from .solve import Integrator, Solver
 
 
@@ -81,6 +82,26 @@ class FitResult:
         e = self.estimates["nll_per_start"]
         return pd.Series(e.values, index=pd.Index([str(s) for s in e["start"].values], name="start"),
                          name="negative_log_likelihood")
+
+    @property
+    def competing_optima(self) -> pd.DataFrame:
+        """Other optima where the data fit about as well as at the refined point (within 2 nats of its
+        negative log likelihood, some parameter more than 5 standard errors (of either) away;
+        :mod:`pgpgm.refinement.optima`): one row each, best first, with every parameter, the
+        ``negative_log_likelihood``, ``delta_nll`` (nats above the refined point), ``exchanged``
+        (e.g. ``"ka <-> ke"`` when it is the refined point with two parameters exchanged, else "")
+        and ``origin`` (the start that found it). Empty when none was found (a
+        :class:`~pgpgm.errors.CompetingOptimaWarning` names them when there are)."""
+        e = self.estimates
+        columns = [*self.system.parameters, "negative_log_likelihood", "delta_nll", "exchanged", "origin"]
+        if "competing_theta" not in e:
+            return pd.DataFrame(columns=columns)
+        table = pd.DataFrame(e["competing_theta"].values, columns=list(self.system.parameters))
+        table["negative_log_likelihood"] = e["competing_nll"].values
+        table["delta_nll"] = e["competing_nll"].values - self.nll
+        table["exchanged"] = [str(v) for v in e["competing_exchanged"].values]
+        table["origin"] = [str(v) for v in e["competing_origin"].values]
+        return table
 
     @property
     def x0(self) -> dict[str, float]:
@@ -416,7 +437,8 @@ def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, flo
              theta_sampled: np.ndarray, x0_sampled: np.ndarray, best: Refinement, refinements, starts, unknown,
              at_bounds: list[AtBound], stopping: tuple[bool, str, list[int]], noise_given: bool,
              noise_gp: np.ndarray, true_theta, x0_true: np.ndarray, solver: Solver, dense_points: int,
-             timings: dict, solves: dict, diagnostics: Mapping[str, xr.Dataset]) -> FitResult:
+             timings: dict, solves: dict, diagnostics: Mapping[str, xr.Dataset],
+             competing: Sequence[CompetingOptimum] = ()) -> FitResult:
     """The :class:`FitResult` of :func:`pgpgm.fit` from its steps' outcomes.
 
     ``full`` is the system as given, ``system`` the one fitted (fixed parameters substituted); the
@@ -424,6 +446,8 @@ def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, flo
     step 2's chains, ``main`` the main posterior; ``best`` is the refinement kept, ``refinements``
     (one per name of ``starts``) all of them; ``stopping`` is (stopped, reason, iterations per chain).
     Trajectories are solved on ``dense_points`` times over the data's span (NaN where a solve fails).
+    ``competing`` (:func:`pgpgm.refinement.optima.competing_optima`) become ``competing_theta``
+    (competing, parameter), ``competing_nll`` and ``competing_origin`` (competing) of the estimates.
     """
     free = [full.parameters.index(p) for p in system.parameters]
 
@@ -462,6 +486,14 @@ def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, flo
                "sampling_iterations": iterations,
                "bound_warnings": "\n".join(a.message for a in at_bounds)},
     )
+    if competing:
+        P = len(system.parameters)
+        est["competing_theta"] = (("competing", "parameter"),
+                                  np.vstack([every(o.refinement.theta[:P]) for o in competing]))
+        est["competing_nll"] = (("competing",), np.array([o.refinement.nll for o in competing]))
+        est["competing_origin"] = (("competing",), [o.origin for o in competing])
+        est["competing_exchanged"] = (("competing",), [" <-> ".join(o.exchanged) if o.exchanged else ""
+                                                       for o in competing])
     t = obs.times
     dense = Integrator(system, np.linspace(t[0], t[-1], dense_points), solver)
     rows = [_safe_solve(dense, theta_sampled, x0_sampled), _safe_solve(dense, best.theta, best.x0)]

@@ -53,6 +53,7 @@ def test_fit_result_contents(small_fit, lv):
     nlls = r.estimates["nll_per_start"]  # noise estimated: starts compare by likelihood
     assert list(nlls.start.values) == ["pooled mean", "last check's best optimum"]
     assert r.estimates.attrs["refinement_nll"] == float(nlls.min())
+    assert r.competing_optima.empty  # one optimum: no other point fits as well (tests/test_competing_optima.py)
     f1, f2 = r.plot_states(), r.plot_parameters()
     assert len(f1.axes) == 2 and len(f2.axes) == 1
     # the states figure draws the posterior's 94 % band of the latent state x2

@@ -1,0 +1,167 @@
+"""Competing optima: other points where the data fit (nearly) as well as at the refined one.
+
+Step 3 keeps the best of its refinements. When the likelihood has a second optimum about as
+high - a symmetry of the model, such as the "flip-flop" of a one-compartment model after an
+oral dose, whose concentration is the same function of the absorption and elimination rates
+exchanged, or a second mode the data cannot rule out - the estimates, their standard errors and
+step 4's posterior (whose chains start at the refined point) describe one of them only.
+:func:`competing_optima` looks for such optima at little cost, among points the fit has anyway:
+
+- step 3's refinements from its other starts (already refined);
+- extra starts: the stop rule's refinements of each chain and its box search's best, which
+  may sit in another optimum of equal likelihood (the rule compares likelihoods, not points);
+- the refined point with two parameters exchanged (one solve per pair; a refinement only where
+  that point fits within ``screen`` nats of the best): exchangeable rate constants are the most
+  common exact symmetry of ODE models.
+
+An optimum competes when its negative log likelihood is within ``window`` nats of the best (a
+likelihood ratio of e^2 ~ 7.4 by default: the exact posterior then holds a comparable mass
+there under a flat prior) and it is distinct: some parameter differs by more than ``z``
+standard errors of either optimum (the smaller; and by more than 0.1 % of its value): each lies
+outside the other's confidence region. Parameters the data do not
+determine (infinite standard errors) do not count: their ridge is reported as such.
+Nothing here changes the refined point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ODESolveError
+from .least_squares import LeastSquaresProblem, Refinement, refine
+
+#: nats: an optimum within this of the best negative log likelihood competes with it
+COMPETING_NLL = 2.0
+#: standard errors (the smaller of the two optima's) by which some parameter of a competing optimum
+#: differs from the best
+DISTINCT_SE = 5.0
+#: nats: a start (an exchange of two parameters, a chain's optimum) is refined only when the
+#: likelihood there is within this of the best (at the best's noise parameters)
+SCREEN_NLL = 30.0
+
+
+@dataclass(frozen=True, eq=False)
+class CompetingOptimum:
+    """An optimum about as good as the refined one.
+
+    Attributes
+    ----------
+    refinement : the refinement that reached it (its ``theta`` (P,), ``nll``, ``stderr`` ...).
+    origin : where its start came from, in words (e.g. ``"ka <-> ke exchanged"``).
+    delta_nll : its negative log likelihood minus the best's (nats; may be slightly negative
+        within the refinement's tolerance).
+    exchanged : the two parameters whose values it holds exchanged with the best's (within 5 %),
+        or None.
+    """
+
+    refinement: Refinement
+    origin: str
+    delta_nll: float
+    exchanged: tuple[str, str] | None = None
+
+
+def distinct(a: np.ndarray, b: np.ndarray, se: np.ndarray, z: float = DISTINCT_SE) -> bool:
+    """Whether parameter vectors ``a`` and ``b`` (P,) differ by more than ``z`` standard errors
+    ``se`` (P,) in some parameter with a finite, positive one (and by more than 0.1 % of it)."""
+    a, b, se = (np.asarray(v, float) for v in (a, b, se))
+    d = np.abs(a - b)
+    ok = np.isfinite(se) & (se > 0)
+    return bool(np.any(ok & (d > z * np.where(ok, se, 0.0)) & (d > 1e-3 * np.maximum(np.abs(a), np.abs(b)))))
+
+
+def exchanged_pair(theta: np.ndarray, best: np.ndarray, names: Sequence[str], rtol: float = 0.05):
+    """The pair of parameter names (i, j) whose values in ``theta`` are those of ``best`` exchanged
+    (each within ``rtol``; the other parameters may differ), or None."""
+    for i in range(len(best)):
+        for j in range(i + 1, len(best)):
+            if (not np.isclose(best[i], best[j], rtol=rtol) and np.isclose(theta[i], best[j], rtol=rtol)
+                    and np.isclose(theta[j], best[i], rtol=rtol)):
+                return names[i], names[j]
+    return None
+
+
+def competing_optima(problem: LeastSquaresProblem, best: Refinement, refinements: Sequence[Refinement],
+                     starts: Mapping[str, np.ndarray], bounds: np.ndarray | None, names: Sequence[str], *,
+                     estimate_noise, window: float = COMPETING_NLL, z: float = DISTINCT_SE,
+                     screen: float = SCREEN_NLL, exchange: bool = True,
+                     labels: Sequence[str] | None = None) -> tuple[CompetingOptimum, ...]:
+    """Optima distinct from ``best`` whose negative log likelihood is within ``window`` nats of it.
+
+    Parameters
+    ----------
+    problem : step 3's least-squares problem
+    best : the refined optimum kept (its ``q`` (Q,) = theta (P,) then the free initial values)
+    refinements : step 3's other refinements (tested as they are); ``labels`` name them
+    starts : name -> (P,) or (Q,) points to refine from when they are distinct from ``best`` and
+        fit within ``screen`` nats of it (a (P,) point takes ``best``'s free initial values)
+    bounds : (P, 2) the parameters' bounds, or None
+    names : (P,) the parameter names
+    estimate_noise : as :func:`pgpgm.refine`'s
+    exchange : also start from ``best`` with each pair of parameters exchanged (within ``bounds``)
+
+    Returns
+    -------
+    The competing optima, best first, each distinct from ``best`` and from each other.
+    """
+    P = len(best.theta)
+    if not np.isfinite(best.nll):
+        return ()
+    se = best.stderr
+    found: list[CompetingOptimum] = []
+
+    def consider(r: Refinement, origin: str) -> None:
+        if not np.isfinite(r.nll) or r.nll - best.nll > window:
+            return
+        smaller = lambda other: np.fmin(se, other.stderr)  # outside either optimum's own uncertainty
+        if not distinct(r.theta, best.theta, smaller(r), z):
+            return
+        if any(not distinct(r.theta, o.refinement.theta, smaller(o.refinement), z) for o in found):
+            return
+        found.append(CompetingOptimum(r, origin, float(r.nll - best.nll), exchanged_pair(r.theta, best.theta, names)))
+
+    for k, r in enumerate(refinements):
+        if r is not best:
+            consider(r, labels[k] if labels is not None else f"refinement start {k}")
+    points = {}
+    for name, q in starts.items():
+        q = np.asarray(q, float)
+        q = np.concatenate([q[:P], best.q[P:]]) if q.size != best.q.size else q
+        points[name] = q
+    if exchange:
+        for i in range(P):
+            for j in range(i + 1, P):
+                q = best.q.copy()
+                q[[i, j]] = q[[j, i]]
+                inside = bounds is None or all(bounds[k, 0] <= q[k] <= bounds[k, 1] for k in (i, j))
+                if inside:
+                    points[f"{names[i]} <-> {names[j]} exchanged"] = q
+    for name, q in points.items():
+        if not distinct(q[:P], best.theta, se, z):
+            continue
+        try:
+            near = problem.nll(q, best.noise_sd) - best.nll <= screen
+        except ODESolveError:
+            near = False
+        if near:
+            consider(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False), name)
+    return tuple(sorted(found, key=lambda o: o.delta_nll))
+
+
+def describe(optima: Sequence[CompetingOptimum], best: Refinement, names: Sequence[str]) -> str:
+    """The warning's text for ``optima`` (not empty) around the refined point ``best``."""
+    point = lambda theta: ", ".join(f"{n} {v:.4g}" for n, v in zip(names, theta))
+    parts = []
+    for o in optima:
+        why = f" ({o.exchanged[0]} and {o.exchanged[1]} exchanged)" if o.exchanged else ""
+        parts.append(f"{point(o.refinement.theta)}{why}: negative log likelihood {o.refinement.nll:.6g}, "
+                     f"{o.delta_nll:+.3g} nats from the refined point")
+    hint = ("; a symmetry of the model: narrow the prior box to the branch you mean (e.g. an upper bound of one "
+            "parameter below the other's lower bound)" if any(o.exchanged for o in optima) else
+            "; the posterior may have a mode there: fit with narrower priors around each, or measure more")
+    return (f"the data fit about as well at {len(optima)} other point(s) as at the refined one ({point(best.theta)}, "
+            f"negative log likelihood {best.nll:.6g}): " + "; ".join(parts)
+            + ". The estimates, standard errors and step 4's posterior describe the refined point's optimum only"
+            + hint + " (result.competing_optima)")
