@@ -5,6 +5,7 @@ multi-start of the joint likelihood, scipy.stats log densities of the joint PyMC
 """
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -105,6 +106,18 @@ def _single_fit_file(tmp_path, res):
     r = pgpgm.FitResult(res.system, xr.DataTree(),
                         res.estimates.drop_attrs(), res.trajectories, {}, {})
     return r.save(tmp_path / "single.nc")
+
+
+def test_a_symmetric_box_gives_one_competing_optima_warning_for_the_study(pk):
+    """With the default box (0, 10) both branches of pk-oral's flip-flop are inside: the experiments' fits
+    find the mirror (ka and ke exchanged) and the study says so once, naming them."""
+    ys = _simulated()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pgpgm.fit_study(pk.system, _study(ys), priors=(0.0, 10.0), posterior=None, progressbar=False)
+    found = [str(w.message) for w in caught if issubclass(w.category, pgpgm.CompetingOptimaWarning)]
+    assert len(found) == 1 and "ka <-> ke exchanged" in found[0]
+    assert any(f"{n} of 3 experiments" in found[0] for n in (1, 2, 3)) and "dose" in found[0]
 
 
 def test_varying_parameter_refines_per_experiment(pk, joint3):

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConvergenceWarning, DataError
+from ..errors import CompetingOptimaWarning, ConvergenceWarning, DataError
 from ..logscale import measurement_noise
 from ..ode.system import ODESystem
 from ..pipeline import NUTS, fit
@@ -159,10 +159,12 @@ def fit_study(
                 else noise
         with warnings.catch_warnings():  # step 2's chains stop early by design: only the basin matters here
             warnings.simplefilter("ignore", ConvergenceWarning)
+            warnings.simplefilter("ignore", CompetingOptimaWarning)  # one warning for the study, below
             fits.append(fit(system, e.data, study.observed, x0=dict(e.x0), fixed=dict(e.fixed) or None, priors=priors,
                             noise_sd=given_sd and [given_sd[s] for s in _states_of(e, observations, study)],
                             posterior=None, seed=seed, solver=solver, progressbar=progressbar, **fit_kwargs))
     timings["steps 1-2"] = time.perf_counter() - t0
+    _warn_competing(study.names, fits)
 
     # each experiment alone with every known input, then step 3 jointly
     t0 = time.perf_counter()
@@ -447,3 +449,20 @@ def _per_experiment(value, observed: tuple[str, ...]) -> tuple[str, ...]:
         raise DataError(f"noise_per_experiment names {bad}, which are not observed states {list(observed)}; give "
                         "True (every observed state), False, or some of them")
     return states
+
+
+def _warn_competing(names: Sequence[str], fits: Sequence) -> None:
+    """One :class:`CompetingOptimaWarning` for the experiments whose own fit found another optimum as good
+    as its refined point (``FitResult.competing_optima``): which experiments, and which parameters appear
+    exchanged there."""
+    hit = [(n, r.competing_optima) for n, r in zip(names, fits) if not r.competing_optima.empty]
+    if not hit:
+        return
+    swaps = sorted({x for _, table in hit for x in table["exchanged"] if x})
+    what = (f"with {' or '.join(swaps)} exchanged" if swaps else "at another point")
+    warnings.warn(f"in {len(hit)} of {len(fits)} experiments ({', '.join(n for n, _ in hit)}) the data fit about as "
+                  f"well {what} as at the experiment's refined point: each experiment's estimate, the joint fit and "
+                  "step 4 describe one of the optima, and experiments may sit on different ones; narrow the prior "
+                  "box to the branch you mean (pgpgm.fit on one experiment lists them in result.competing_optima)",
+                  CompetingOptimaWarning, stacklevel=3)
+
