@@ -31,6 +31,7 @@ Commands (run from the repository root; the fits use whatever ``pgpgm`` is impor
     python benchmarks/robustness.py --only fhn-issue-rbf-s0       # one fit, printed
     python benchmarks/robustness.py baseline --preface FILE     # the misses, for the notes
     python benchmarks/robustness.py sidebyside --where seed=0   # fits vs the multi-start, one process
+    python benchmarks/robustness.py competing [--seeds 3]       # other optima as good, shipped models
 
 ``sidebyside`` (the speed target against the multi-start, measured side by side): each problem's
 selected fits, each followed in the same process by its share of a systematic sample (``--sample``,
@@ -845,10 +846,47 @@ def report(rows: list[dict], refs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cmd_competing(args) -> None:
+    """Competing optima (``FitResult.competing_optima``) in plain default fits of every shipped model's
+    cases, with the case's prior box and with pgpgm's default box, data seeds 0 to ``--seeds`` - 1:
+    which fits report another optimum as good, and what it is (``results/robustness_competing.md``)."""
+    env = harness.environment()
+    rows = []
+    for name in pgpgm.available_models():
+        spec = pgpgm.load_model(name)
+        for case_name, case in spec.cases.items():
+            if case.theta is None:
+                continue
+            for box in ("case", "default"):
+                for seed in range(args.seeds):
+                    data = spec.simulate(case_name, seed=seed)
+                    kwargs = {"priors": spec.priors(case_name)} if box == "case" else {}
+                    t0 = time.perf_counter()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        r = pgpgm.fit(spec.system, data, list(case.observed), seed=seed, posterior=None,
+                                      progressbar=False, **kwargs)
+                    table = r.competing_optima
+                    rows.append({"model": name, "case": case_name, "box": box, "seed": seed,
+                                 "steps13_s": time.perf_counter() - t0, "nll": r.nll,
+                                 "refined": " ".join(f"{v:.4g}" for v in r.theta), "competing": len(table),
+                                 "exchanged": " ".join(table["exchanged"]),
+                                 "delta_nll": " ".join(f"{v:.2g}" for v in table["delta_nll"]),
+                                 "other": "; ".join(" ".join(f"{v:.4g}" for v in row)
+                                                   for row in table[list(spec.system.parameters)].to_numpy()),
+                                 "found_by": "; ".join(table["origin"])})
+                    print(rows[-1], flush=True)
+    hits = [r for r in rows if r["competing"]]
+    harness.write("robustness_competing", rows, "Competing optima in plain default fits of the shipped models",
+                  env=env, notes=f"{len(hits)} of {len(rows)} fits report another optimum within 2 nats of the "
+                                 "refined one (`result.competing_optima`): " + (", ".join(sorted(
+                                     {f"{r['model']} {r['case']} ({r['box']} box)" for r in hits})) or "none"))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", default="one", choices=("design", "reference", "fits", "report", "one", "baseline",
-                                                                 "sidebyside"))
+                                                                 "sidebyside", "competing"))
     parser.add_argument("--only", nargs="*", help="fit or problem ids")
     parser.add_argument("--where", action="append", help="factor=level, e.g. system=seir (repeatable)")
     parser.add_argument("--limit", type=int, help="first N problems after filtering")
@@ -870,9 +908,11 @@ def main(argv=None) -> None:
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                         help="sidebyside: do not time the stop rule and the least squares inside the fits")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="sidebyside: no untimed first fit")
+    parser.add_argument("--seeds", type=int, default=3, help="competing: data seeds per case and box")
     args = parser.parse_args(argv)
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
-     "one": cmd_one, "baseline": cmd_baseline, "sidebyside": cmd_sidebyside}[args.command](args)
+     "one": cmd_one, "baseline": cmd_baseline, "sidebyside": cmd_sidebyside,
+     "competing": cmd_competing}[args.command](args)
 
 
 if __name__ == "__main__":
