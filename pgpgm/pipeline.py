@@ -33,7 +33,7 @@ from .matching.density import (
 )
 from .observables import Observables, ScaledState
 from .ode.system import ODESystem
-from .posterior.diagnostics import diagnose, warn_if_unconverged
+from .posterior.diagnostics import causes_of_poor_mixing, diagnose, mixing_problems, warn_if_unconverged
 from .posterior.nuts import (
     MAX_ROUNDS,
     METRICS,
@@ -1106,17 +1106,20 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
         diagnostics["gradient_matching"] = diagnose(run.tree, sampled)
     if isinstance(spec, NUTS):
         diagnostics["posterior"] = diagnose(post.tree, post.free)
-    if not isinstance(spec, Laplace):
-        label = "posterior" if isinstance(spec, NUTS) else "gradient_matching"
-        warn_if_unconverged(diagnostics[label], "NUTS" if isinstance(spec, NUTS) else
-                            "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
-                                                   "to the end)" if run.stopped else ""),
-                            notes=posterior_notes(post.tree) if isinstance(spec, NUTS) else (), stacklevel=4)
     # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
     draws = ({p: post.tree.posterior[p].values for p in system.parameters if p in post.tree.posterior}
              if spec is not None else None)
     prior = refined.priors if refined.priors is not None else matched.density.priors
     at_bounds = bound_report(prior, refined.best.theta, draws, stderr=refined.best.stderr)
+    if not isinstance(spec, Laplace):
+        label = "posterior" if isinstance(spec, NUTS) else "gradient_matching"
+        notes = posterior_notes(post.tree) if isinstance(spec, NUTS) else []
+        if isinstance(spec, NUTS) and mixing_problems(diagnostics[label]):
+            notes += causes_of_poor_mixing(refined.best.undetermined, at_bounds)
+        warn_if_unconverged(diagnostics[label], "NUTS" if isinstance(spec, NUTS) else
+                            "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
+                                                   "to the end)" if run.stopped else ""),
+                            notes=notes, stacklevel=4)
     warn_at_bounds(at_bounds, stacklevel=4)
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe
         best = refined.best

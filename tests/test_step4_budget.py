@@ -274,6 +274,32 @@ def test_fit_returns_on_its_posterior_budget_with_the_warning():
     assert r.posterior.posterior.sizes["draw"] >= 1 and np.all(np.isfinite(r.posterior.posterior["k"].values))
 
 
+def test_an_unconverged_fit_names_a_parameter_on_its_bound_as_a_likely_cause():
+    """The box (0, 0.5) cuts off the data's k = 0.8: the refined k lies on the upper bound, and when step 4
+    then fails R-hat or ESS (a small budget here) its ConvergenceWarning names that bound as a likely cause
+    and points to the BoundWarning, instead of only "run longer chains"."""
+    obs = _data(DECAY, 0.8)
+    data = {"time": T, "x": obs.values[:, 0]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 0.5)}, noise_sd=SD, progressbar=False, cores=1,
+                      draws=200, tune=200, posterior_budget=PosteriorBudget(None, 600), nuts_sampler="pymc")
+    assert r.at_bounds and "k" in r.at_bounds
+    assert r.convergence_problems()["posterior"]
+    text = " ".join(str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning))
+    assert "k (upper) at a bound of the prior box" in text and "widen the box" in text
+
+
+def test_the_causes_of_poor_mixing_in_words():
+    from pgpgm.posterior.diagnostics import causes_of_poor_mixing
+    from pgpgm.refinement import AtBound
+
+    assert causes_of_poor_mixing((), []) == []
+    notes = causes_of_poor_mixing(("ke0",), [AtBound("V", "upper", 10.0, (0.0, 10.0), True, 0.3)])
+    assert len(notes) == 2 and notes[0].startswith("the data do not determine ke0") and "fixed=" in notes[0]
+    assert notes[1].startswith("V (upper) at a bound")
+
+
 def test_chains_in_one_process_share_the_budget():
     """cores=1 runs the chains one after the other: each gets an equal share of the budget, so a stop
     leaves every chain, at about the same length (not the first chain whole and the others undrawn)."""

@@ -81,6 +81,22 @@ def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (),
                       ConvergenceWarning, stacklevel=stacklevel)
 
 
+def causes_of_poor_mixing(undetermined: Sequence[str], at_bounds: Sequence) -> list[str]:
+    """Notes for a ConvergenceWarning of step 4 whose chains mix poorly: the refined point's
+    ``undetermined`` unknowns (infinite standard errors) and the parameters on a prior bound
+    (``at_bounds``: :class:`pgpgm.refinement.AtBound`, or anything with ``parameter`` and ``side``)."""
+    out = []
+    if undetermined:
+        out.append(f"the data do not determine {', '.join(undetermined)} (infinite standard errors at the refined "
+                   "point): such a posterior spreads over the prior's whole range, which the chains cross slowly; "
+                   "fix it (fixed=) or give it a tighter prior")
+    if at_bounds:
+        named = ", ".join(f"{a.parameter} ({a.side})" for a in at_bounds)
+        out.append(f"{named} at a bound of the prior box: chains pile up against a bound and mix slowly there; "
+                   "widen the box (see the BoundWarning)")
+    return out
+
+
 #: two chains sit in separate modes when, for some variable, their means differ by more than this
 #: many within-chain sds (the root mean square of the two chains' sds); one posterior mode puts
 #: chain means within a few Monte-Carlo errors (a fraction of an sd) of each other
