@@ -1124,7 +1124,7 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe
         best = refined.best
         warnings.warn(describe(refined.competing, best, best.q_names[:best.theta.size]), CompetingOptimaWarning,
-                      stacklevel=4)
+                      stacklevel=3)  # report <- fit <- the caller
     data, true_theta = prepared.data, prepared.true_theta
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
         true_theta = data.attrs["theta"]

@@ -49,6 +49,7 @@ def test_the_flip_flop_mirror_is_reported_and_is_an_optimum_of_an_independent_so
     spec, data, result, caught = flip_flop
     found = [w for w in caught if issubclass(w.category, CompetingOptimaWarning)]
     assert len(found) == 1 and "ka and ke exchanged" in str(found[0].message)
+    assert found[0].filename == __file__  # points at the caller's line
     table = result.competing_optima
     assert len(table) == 1 and table["exchanged"].iloc[0] == "ka <-> ke"
     refined = result.theta
