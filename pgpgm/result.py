@@ -89,17 +89,20 @@ class FitResult:
         negative log likelihood, some parameter more than 5 standard errors (of either) away;
         :mod:`pgpgm.refinement.optima`): one row each, best first, with every parameter, the
         ``negative_log_likelihood``, ``delta_nll`` (nats above the refined point), ``exchanged``
-        (e.g. ``"ka <-> ke"`` when it is the refined point with two parameters exchanged, else "")
+        (e.g. ``"ka <-> ke"`` when it is the refined point with two parameters exchanged, else ""),
+        ``on_bounds`` (its parameters on a bound of the prior box, e.g. ``"ke on its upper bound 0.5"``)
         and ``origin`` (the start that found it). Empty when none was found (a
         :class:`~pgpgm.errors.CompetingOptimaWarning` names them when there are)."""
         e = self.estimates
-        columns = [*self.system.parameters, "negative_log_likelihood", "delta_nll", "exchanged", "origin"]
+        columns = [*self.system.parameters, "negative_log_likelihood", "delta_nll", "exchanged", "on_bounds",
+                   "origin"]
         if "competing_theta" not in e:
             return pd.DataFrame(columns=columns)
         table = pd.DataFrame(e["competing_theta"].values, columns=list(self.system.parameters))
         table["negative_log_likelihood"] = e["competing_nll"].values
         table["delta_nll"] = e["competing_nll"].values - self.nll
         table["exchanged"] = [str(v) for v in e["competing_exchanged"].values]
+        table["on_bounds"] = [str(v) for v in e["competing_on_bounds"].values]
         table["origin"] = [str(v) for v in e["competing_origin"].values]
         return table
 
@@ -494,6 +497,7 @@ def assemble(*, full: ODESystem, system: ODESystem, obs, fixed: Mapping[str, flo
         est["competing_origin"] = (("competing",), [o.origin for o in competing])
         est["competing_exchanged"] = (("competing",), [" <-> ".join(o.exchanged) if o.exchanged else ""
                                                        for o in competing])
+        est["competing_on_bounds"] = (("competing",), ["; ".join(o.on_bounds) for o in competing])
     t = obs.times
     dense = Integrator(system, np.linspace(t[0], t[-1], dense_points), solver)
     rows = [_safe_solve(dense, theta_sampled, x0_sampled), _safe_solve(dense, best.theta, best.x0)]

@@ -9,7 +9,7 @@ from scipy.optimize import least_squares
 
 import pgpgm
 from pgpgm.errors import CompetingOptimaWarning
-from pgpgm.refinement.optima import distinct, exchanged_pair
+from pgpgm.refinement.optima import distinct, exchanged_pair, on_bounds
 
 
 def test_distinct_needs_some_parameter_outside_either_optimum_s_own_uncertainty():
@@ -25,6 +25,14 @@ def test_exchanged_pair_names_the_two_parameters_whose_values_are_swapped():
     assert exchanged_pair(np.array([0.1, 1.3, 0.045]), np.array([1.3, 0.1, 0.043]), names) == ("ka", "ke")
     assert exchanged_pair(np.array([1.3, 0.1, 0.045]), np.array([1.3, 0.1, 0.043]), names) is None
     assert exchanged_pair(np.array([0.5, 1.3, 0.045]), np.array([1.3, 0.1, 0.043]), names) is None
+
+
+def test_on_bounds_names_the_parameters_on_a_bound_of_the_box():
+    box = np.array([[0.0, 20.0], [0.0, 0.5], [0.0, 0.5]])
+    names = ["ka", "ke", "CL"]
+    assert on_bounds(np.array([0.0978, 0.5, 0.006]), box, names) == ("ke on its upper bound 0.5",)
+    assert on_bounds(np.array([0.0, 0.4999, 0.006]), box, names) == ("ka on its lower bound 0",)
+    assert on_bounds(np.array([0.0, 0.5, 0.006]), None, names) == ()
 
 
 def _closed_form(theta, c0, t, dose=4.5):

@@ -55,12 +55,30 @@ class CompetingOptimum:
         within the refinement's tolerance).
     exchanged : the two parameters whose values it holds exchanged with the best's (within 5 %),
         or None.
+    on_bounds : its parameters that lie on a bound of the box, in words (``"ke on its upper bound
+        0.5"``): an optimum the box cuts off, where the posterior piles up against the bound.
     """
 
     refinement: Refinement
     origin: str
     delta_nll: float
     exchanged: tuple[str, str] | None = None
+    on_bounds: tuple[str, ...] = ()
+
+
+def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = 1e-6
+              ) -> tuple[str, ...]:
+    """The entries of ``theta`` (P,) on a bound of ``bounds`` (P, 2) (within ``rtol`` of the box's
+    width), in words; () without bounds."""
+    if bounds is None:
+        return ()
+    out = []
+    for name, v, (lo, hi) in zip(names, theta, np.asarray(bounds, float)):
+        tol = rtol * (hi - lo) if np.isfinite(hi - lo) else rtol * max(abs(v), 1.0)
+        for side, b in (("lower", lo), ("upper", hi)):
+            if np.isfinite(b) and abs(v - b) <= tol:
+                out.append(f"{name} on its {side} bound {b:g}")
+    return tuple(out)
 
 
 def distinct(a: np.ndarray, b: np.ndarray, se: np.ndarray, z: float = DISTINCT_SE) -> bool:
@@ -120,7 +138,8 @@ def competing_optima(problem: LeastSquaresProblem, best: Refinement, refinements
             return
         if any(not distinct(r.theta, o.refinement.theta, smaller(o.refinement), z) for o in found):
             return
-        found.append(CompetingOptimum(r, origin, float(r.nll - best.nll), exchanged_pair(r.theta, best.theta, names)))
+        found.append(CompetingOptimum(r, origin, float(r.nll - best.nll), exchanged_pair(r.theta, best.theta, names),
+                                      on_bounds(r.theta, bounds, names)))
 
     for k, r in enumerate(refinements):
         if r is not best:
@@ -155,7 +174,8 @@ def describe(optima: Sequence[CompetingOptimum], best: Refinement, names: Sequen
     point = lambda theta: ", ".join(f"{n} {v:.4g}" for n, v in zip(names, theta))
     parts = []
     for o in optima:
-        why = f" ({o.exchanged[0]} and {o.exchanged[1]} exchanged)" if o.exchanged else ""
+        notes = ([f"{o.exchanged[0]} and {o.exchanged[1]} exchanged"] if o.exchanged else []) + list(o.on_bounds)
+        why = f" ({'; '.join(notes)})" if notes else ""
         parts.append(f"{point(o.refinement.theta)}{why}: negative log likelihood {o.refinement.nll:.6g}, "
                      f"{o.delta_nll:+.3g} nats from the refined point")
     hint = ("; a symmetry of the model: narrow the prior box to the branch you mean (e.g. an upper bound of one "
