@@ -194,11 +194,11 @@ def poisson3():
                                fit_kwargs=FAST)
 
 
-def _poisson_multistart(ys, i0s):
+def _poisson_multistart(ys, i0s, n_starts=N_STARTS):
     """Independent Poisson maximum likelihood of (beta, gamma) shared by the experiments ``i0s``: trust-region
     least squares on the Poisson deviance residuals sign(y - mu) sqrt(2 (y log(y/mu) - (y - mu))) (their half
-    sum of squares is the NLL minus its value at mu = y) from N_STARTS log-uniform starts; returns (theta, NLL
-    by scipy.stats.poisson)."""
+    sum of squares is the NLL minus its value at mu = y) from ``n_starts`` log-uniform starts; returns (theta,
+    NLL by scipy.stats.poisson)."""
     def dev(q):
         out = []
         for i0, y in zip(i0s, ys):
@@ -209,7 +209,7 @@ def _poisson_multistart(ys, i0s):
 
     rng = np.random.default_rng(0)
     best = None
-    for q0 in np.log([0.5, 0.05]) + rng.random((N_STARTS, 2)) * np.log([12.0, 40.0]):
+    for q0 in np.log([0.5, 0.05]) + rng.random((n_starts, 2)) * np.log([12.0, 40.0]):
         r = optimize.least_squares(dev, q0, xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=500)
         if best is None or r.cost < best.cost:
             best = r
@@ -223,9 +223,10 @@ def test_poisson_joint_fit_equals_independent_multistart(poisson3):
     theta, nll = _poisson_multistart(list(ys.values()), SIR_I0)
     np.testing.assert_allclose(res.theta("joint").to_numpy(), np.tile(theta, (3, 1)), rtol=2e-4)
     assert res.nll == pytest.approx(nll, abs=1e-4)
-    # each experiment alone: its own Poisson optimum (the separate estimates)
+    # each experiment alone: its own Poisson optimum (the separate estimates; 8 starts reach the optimum of 24
+    # on each of these two-parameter problems, theta within 4e-7 relative: measured)
     for i0, (name, y) in zip(SIR_I0, ys.items()):
-        own, own_nll = _poisson_multistart([y], [i0])
+        own, own_nll = _poisson_multistart([y], [i0], n_starts=8)
         np.testing.assert_allclose(res.theta("separate").loc[name].to_numpy(), own, rtol=2e-4)
         assert res.estimates["nll"].sel(estimate="separate", experiment=name).item() == pytest.approx(own_nll, abs=1e-4)
 
