@@ -183,7 +183,7 @@ def test_flu_counts_negative_binomial_at_the_independent_optimum():
     t, y = _flu()
     r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
              noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, posterior=None, seed=1)
-    nll, ref = _count_reference(t, y, "negbin")
+    nll, ref = _count_reference(t, y, "negbin", n_starts=4)  # 4 reach the optimum of 8 to the last digit: measured
     np.testing.assert_allclose(r.theta, ref[:2], rtol=1e-4)
     np.testing.assert_allclose(r.trajectories["noise_sd"].values, ref[2:], rtol=1e-3)  # alpha
     at_r = _count_nll(np.log([*r.theta, *r.trajectories["noise_sd"].values]), t, y, "negbin")
