@@ -325,7 +325,8 @@ def summary_row(name: str, result, *, status: str = "ok", seconds: float | None 
     where the means and intervals come from), ``seconds`` (the fit's wall time),
     ``cpu_seconds`` (the CPU time of the worker process during the fit, NaN for a skipped
     job; far below ``seconds`` means the machine has fewer free cores than workers),
-    ``nll`` (negative log likelihood at the refined point), ``refinement_cost`` (NaN when the
+    ``nll`` (negative log likelihood at the refined point), ``competing_optima`` (how many other
+    optima fit about as well: ``FitResult.competing_optima``), ``refinement_cost`` (NaN when the
     noise sds were estimated), ``max_rhat``, ``min_ess`` (smallest bulk or tail ESS) and
     ``divergences`` (of NUTS when it ran, else of the gradient-matching chains), then per
     parameter P: ``P_refined``, ``P_mean`` (posterior mean), ``P_hdi_3%``, ``P_hdi_97%``
@@ -344,6 +345,7 @@ def summary_row(name: str, result, *, status: str = "ok", seconds: float | None 
                            "seconds": float(result.timings.get("total", np.nan)) if seconds is None else seconds,
                            "cpu_seconds": np.nan if cpu_seconds is None else cpu_seconds,
                            "nll": float(est.attrs.get("refinement_nll", np.nan)),
+                           "competing_optima": len(result.competing_optima),
                            "refinement_cost": float(est.attrs.get("refinement_cost", np.nan))}
     if sampler in samplers:
         d = diag.sel(sampler=sampler)
@@ -366,8 +368,8 @@ def _failed_row(name: str, kind: str, message: str, seconds: float) -> dict[str,
     return {"name": name, "status": "failed", "seconds": seconds, "error": f"{kind}: {message}"}
 
 
-_LEADING = ["name", "status", "posterior", "seconds", "cpu_seconds", "nll", "refinement_cost", "max_rhat",
-            "min_ess", "divergences"]
+_LEADING = ["name", "status", "posterior", "seconds", "cpu_seconds", "nll", "competing_optima", "refinement_cost",
+            "max_rhat", "min_ess", "divergences"]
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -88,6 +88,7 @@ def test_summary_rows_statuses_and_error_file(batch, spec):
         gm = res.diagnostics.sel(sampler="gradient_matching")
         assert row["max_rhat"] == pytest.approx(float(gm["rhat"].max()))
         assert row["nll"] == pytest.approx(res.nll) and np.isnan(row["refinement_cost"])  # noise estimated
+        assert row["competing_optima"] == len(res.competing_optima) == 0
         assert row["seconds"] > 0 and 0 < row["cpu_seconds"] <= row["seconds"] * 1.05 + 0.5
 
 
