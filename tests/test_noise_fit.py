@@ -171,7 +171,7 @@ def test_simulated_sir_poisson_counts_at_the_independent_optimum():
     y[0] = np.nan  # I(0) = 1 is known
     r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
              noise={"I": "poisson"}, priors=(0.0, 10.0), draws=300, tune=300, posterior=None, seed=1)
-    nll, ref = _count_reference(t, y, "poisson")
+    nll, ref = _count_reference(t, y, "poisson", n_starts=4)  # 4 reach the optimum of 8 to the last digit: measured
     np.testing.assert_allclose(r.theta, ref, rtol=1e-4)
     at_r = _count_nll(np.log(r.theta), t, y, "poisson")  # scipy's likelihood at pgpgm's optimum
     assert at_r <= nll + 1e-6 and r.estimates.attrs["refinement_nll"] == pytest.approx(at_r, abs=1e-5)
