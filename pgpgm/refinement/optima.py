@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ODESolveError
+from .bounds import ACTIVE_RTOL
 from .least_squares import LeastSquaresProblem, Refinement, refine
 
 #: nats: an optimum within this of the best negative log likelihood competes with it
@@ -66,10 +67,11 @@ class CompetingOptimum:
     on_bounds: tuple[str, ...] = ()
 
 
-def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = 1e-6
+def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = ACTIVE_RTOL
               ) -> tuple[str, ...]:
     """The entries of ``theta`` (P,) on a bound of ``bounds`` (P, 2) (within ``rtol`` of the box's
-    width), in words; () without bounds."""
+    width: :data:`pgpgm.refinement.bounds.ACTIVE_RTOL`, the refined estimate's "on the bound itself"),
+    in words; () without bounds."""
     if bounds is None:
         return ()
     out = []
