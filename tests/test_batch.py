@@ -348,10 +348,9 @@ def test_scheduler_address_of_a_separately_started_scheduler_and_worker(spec, da
         assert fit_and_save(jobs[0], tmp_path / "serial", FAST)["status"] == "ok"
         _same_fit(pgpgm.load_result(result_path(tmp_path / "out", "seed1")),
                   pgpgm.load_result(result_path(tmp_path / "serial", "seed1")))
-    finally:
+    finally:  # the worker first, then its scheduler: a worker whose scheduler is gone waits ~8 s to reconnect
         for p in reversed(procs):
             p.terminate()
-        for p in procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -2,6 +2,7 @@
 that passes R-hat and ESS ends there, chains cut to equal length (issue 30)."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -9,9 +10,11 @@ import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nutpie_engine import (
+    COMPILED_KEPT,
     START_JITTER,
     WHITE,
     compile_whitened,
+    compiled_for_structure,
     equal_chains,
     whitened_model,
 )
@@ -262,6 +265,73 @@ def test_the_callbacks_are_cached_by_structure_and_read_each_fits_data():
             np.testing.assert_allclose(p["draw"], p["ref_draw"], rtol=1e-12)
     gaps = [abs(a["value"] - b["value"]) for a, b in zip(first["points"], second["points"])]
     assert min(gaps) > 1e-3  # other data and another optimum: other values, from the same cached code
+
+
+def _decay_white(seed: int, mean: float, times=T):
+    y = 2.0 * np.exp(-0.8 * times) + np.random.default_rng(seed).normal(0, SD, times.size)
+    obs = as_observations({"time": times, "x": y}, ["x"], DECAY)
+    model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
+    return model, whitened_model(model, np.array([mean, 0.7]), np.array([[0.04, 0.01], [0.01, 0.09]]))
+
+
+def _callbacks_at(compiled, points) -> list:
+    """The log density, gradient and draw of ``compiled``'s C callbacks (through its ``logp_func`` and
+    ``expand_func`` where those are the callbacks' own) at each point z."""
+    import ctypes
+
+    p, out = ctypes.POINTER(ctypes.c_double), []
+    for z in points:
+        grad, value, draw = np.zeros(2), np.zeros(1), np.zeros(compiled.n_expanded)
+        code = compiled.compiled_logp_func.ctypes(2, z.ctypes.data_as(p), grad.ctypes.data_as(p),
+                                                  value.ctypes.data_as(p), compiled.user_data.ctypes.data)
+        compiled.compiled_expand_func.ctypes(2, compiled.n_expanded, z.ctypes.data_as(p), draw.ctypes.data_as(p),
+                                             compiled.user_data.ctypes.data)
+        out.append((code, value[0], grad, draw))
+    return out
+
+
+def test_a_model_of_a_compiled_structure_reuses_its_callbacks_with_its_own_data():
+    """A second data set at another optimum (the same graph, other shared values) reuses the callbacks
+    compiled for the first (no PyTensor compilation) and returns, bit for bit, what a fresh compilation of
+    its own model returns: log density, gradient, draw, and nutpie's draws of the same seed. Another time
+    grid (another ODE solve, other shapes) is another structure."""
+    def counts():
+        info = compiled_for_structure.cache_info()
+        return info.hits, info.misses
+
+    compiled_for_structure.cache_clear()
+    points = [np.array([0.3, -0.2]), np.array([-1.1, 0.8])]
+    first = compile_whitened(*_decay_white(3, -0.2)[1], reuse=True)
+    assert counts() == (0, 1)
+    model, white = _decay_white(11, 0.1)
+    reused = compile_whitened(*white, reuse=True)
+    assert counts() == (1, 1)
+    assert reused.compiled_logp_func is first.compiled_logp_func  # the same compiled code
+    fresh = compile_whitened(*_decay_white(11, 0.1)[1])  # compiled for this model alone
+    for (c1, v1, g1, d1), (c2, v2, g2, d2), (c0, v0, *_) in zip(_callbacks_at(reused, points),
+                                                                _callbacks_at(fresh, points),
+                                                                _callbacks_at(first, points)):
+        assert c1 == c2 == 0 and v1 == v2 and np.array_equal(g1, g2) and np.array_equal(d1, d2)
+        assert abs(v1 - v0) > 1e-3  # its own data and whitening, not the first model's
+    value, grad = reused.logp_func(points[0])  # the reused model's Python functions call its callbacks
+    ref_value, ref_grad = fresh.logp_func(points[0])
+    np.testing.assert_allclose([value, *grad], [float(ref_value), *np.ravel(ref_grad)], rtol=1e-12)
+    np.testing.assert_allclose(reused.expand_func(points[0])[0], np.ravel(fresh.expand_func(points[0])[0]), rtol=1e-12)
+    # another grid: another structure
+    compile_whitened(*_decay_white(3, -0.2, times=np.linspace(0, 3, 15))[1], reuse=True)
+    assert counts() == (1, 2) and compiled_for_structure.cache_info().maxsize == COMPILED_KEPT
+    # sampling: a run on the reused compiled model and one on a fresh compilation give the same draws
+    kw = dict(draws=100, tune=100, chains=2, seed=5, progressbar=False, nuts_sampler="nutpie", max_rounds=1)
+    draws = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for runs in (2, 1):
+            compiled_for_structure.cache_clear()  # the first run compiles; a second reuses that
+            for _ in range(runs):
+                tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": SD}, **kw)
+            assert counts() == (runs - 1, 1)
+            draws.append(tree.posterior["k"].values)
+    np.testing.assert_array_equal(draws[0], draws[1])
 
 
 def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():

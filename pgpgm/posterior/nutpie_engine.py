@@ -29,7 +29,10 @@ depends on the model's structure alone, so numba caches it: a fit of a model of 
 rewriting. Measured on this project's slower VM (``./run.sh bench posterior --compile --ways pgpgm``,
 a new process each, 2026-11-28): 2.6-4.1 s on Lotka-Volterra x1, 6.4-7.8 s on protein transduction,
 1.6-3.1 s on FitzHugh-Nagumo R, against 10.4-11.3, 16.2-28.4 and 10.6-20.7 s when numba linked the
-callbacks afresh for every run; the first fit of a new structure still compiles them (8-25 s).
+callbacks afresh for every run; the first fit of a new structure still compiles them (8-25 s). Within
+a process the compiled model of each structure is kept (:func:`compiled_for_structure`): a later model of
+that structure - new data, a new optimum, step 4's next round - compiles nothing, not even PyTensor's
+rewriting.
 
 A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
 observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
@@ -42,13 +45,18 @@ tuned for the whole 60 s); ``sample_stats`` holds nutpie's ``n_steps`` and ``div
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 
 import numpy as np
 import xarray as xr
+
+from ..solve.numba_op import cache_key
+from ..solve.op import ODEOp
 
 #: the name of the whitened model's one free variable (see :func:`whitened_model`)
 WHITE = "pgpgm_z"
@@ -112,7 +120,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     if whiten is None:
         compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
     else:
-        compiled = compile_whitened(*whitened_model(model, *whiten))
+        compiled = compile_whitened(*whitened_model(model, *whiten), reuse=True)
     n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
     steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
 
@@ -229,7 +237,7 @@ def expand_c(dim, expanded, x_, out_, user_data_):
 CALLBACK_VERSION = "1"
 
 
-def compile_whitened(white, keep: list[str]):
+def compile_whitened(white, keep: list[str], *, reuse: bool = False):
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
     of nutpie's signature. Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in every
@@ -245,10 +253,47 @@ def compile_whitened(white, keep: list[str]):
     structure, in any process, loads them instead of compiling them again (typing and linking the
     cached functions into the callbacks took most of the compilation: 9.5 of 11.7 s on Lotka-Volterra).
 
+    With ``reuse`` (step 4's), a model whose graph has the structure of one compiled before in this
+    process (:func:`graph_structure`: the same operations, constants and shapes; only the shared values -
+    data, whitening - differ) gets that one's callbacks with its own shared values in a new
+    ``user_data`` (:func:`compiled_for_structure`), and PyTensor's rewriting is skipped too (0.1-0.3 s
+    instead of 2-8 s); its ``logp_func`` and ``expand_func`` then call the callbacks.
+
     Returns a ``nutpie.compile_pymc.CompiledPyMCModel``.
     """
-    import numba
+    import pytensor.tensor as pt
+    from pytensor.graph import clone_replace
+
+    if not reuse:
+        return _compile(white, keep)[0]
+    z = white.rvs_to_values[white[WHITE]]
+    x = pt.TensorType("float64", shape=z.type.shape)("x")
+    kept = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in keep])]
+    structure = graph_structure(clone_replace([white.logp(), *kept], {z: x}), x, keep)
+    try:
+        found = compiled_for_structure(ByStructure(structure, white, keep))
+    except TypeError:  # an Op that cannot be hashed: compiled for this model alone
+        return _compile(white, keep)[0]
+    if found[0] is structure.shared:  # compiled just now, for this model
+        return found[1]
+    reused = _with_shared_values(found, structure, coords=_coords(white), dims=dict(white.named_vars_to_dims))
+    return reused if reused is not None else _compile(white, keep)[0]
+
+
+def _coords(white) -> dict:
+    """The coordinates of a draw of ``white`` (its model's, and the whitened coordinates')."""
     import pandas as pd
+
+    coords = {name: pd.Index(values if values is not None else range(int(white.dim_lengths[name].eval())))
+              for name, values in white.coords.items()}
+    z = white.rvs_to_values[white[WHITE]]
+    coords["unconstrained_parameter"] = pd.Index([f"{WHITE}_{i}" for i in range(int(z.type.shape[0]))])
+    return coords
+
+
+def _compile(white, keep: list[str]) -> tuple[object, dict]:
+    """:func:`compile_whitened`'s work: the compiled model, and where its functions read each shared variable."""
+    import numba
     import pytensor
     import pytensor.tensor as pt
     from nutpie.compile_pymc import CompiledPyMCModel
@@ -259,8 +304,8 @@ def compile_whitened(white, keep: list[str]):
     n_dim = int(z.type.shape[0])
     x = pt.TensorType("float64", shape=(n_dim,))("x")
     logp = white.logp()
-    kept = white.replace_rvs_by_values([white[name] for name in keep])
-    logp, grad, *kept = clone_replace([logp, pt.grad(logp, z), *[pt.as_tensor(v) for v in kept]], {z: x})
+    kept = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in keep])]
+    logp, grad, *kept = clone_replace([logp, pt.grad(logp, z), *kept], {z: x})
     with white:
         logp_fn = compile_pymc([x], [logp, grad], mode="NUMBA")
         expand_fn = compile_pymc([x], [pt.concatenate([x, *[v.ravel() for v in kept]])], mode="NUMBA")
@@ -280,19 +325,151 @@ def compile_whitened(white, keep: list[str]):
     expand_cfunc = _callback(_EXPAND_SOURCE, "expand_c", expand_fn, where, buffer.size,
                              types.int64(types.uint64, types.uint64, pointer, pointer, types.voidptr),
                              n_dim=n_dim, n_expanded=n_expanded)
-    coords = {name: pd.Index(values if values is not None else range(int(white.dim_lengths[name].eval())))
-              for name, values in white.coords.items()}
-    coords["unconstrained_parameter"] = pd.Index([f"{WHITE}_{i}" for i in range(n_dim)])
 
     def initial_point(seed) -> np.ndarray:
         return np.random.default_rng(seed).uniform(-START_JITTER, START_JITTER, n_dim)
 
-    return CompiledPyMCModel(
-        _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=coords, _shapes=dict(zip(names, shapes)),
+    compiled = CompiledPyMCModel(
+        _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=_coords(white), _shapes=dict(zip(names, shapes)),
         compiled_logp_func=logp_cfunc, compiled_expand_func=expand_cfunc, initial_point_func=initial_point,
         shared_data={}, shared_var_keys={}, user_data=buffer, n_expanded=n_expanded,
         shape_info=(names, [slice(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends)], shapes),
         logp_func=logp_fn, expand_func=expand_fn, reparameterized_names=[])
+    return compiled, where
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphStructure:
+    """What :func:`graph_structure` reads from a graph: ``key`` (hashable; equal keys mean graphs that
+    compile to the same code) and ``shared``, the graph's shared variables in the order the key meets them."""
+
+    key: tuple
+    shared: tuple
+
+
+def graph_structure(outputs, x, names) -> GraphStructure:
+    """The structure of the graph of ``outputs`` (of the one input ``x``; ``names`` name the outputs after
+    the first): every operation in topological order with its inputs, each constant by its type and
+    value, each shared variable by its type and its value's shape and dtype (not its value), ``x`` by
+    its type. Two whitened models of one ODE model on two data sets, or at two optima, have equal keys.
+    An operation is compared by PyTensor's equality of Ops (its parameters), an ODE solve by what
+    identifies its compiled code (:func:`pgpgm.solve.numba_op.cache_key`: system, times, solver); an Op
+    compared by identity makes the key unequal to every other graph's (nothing is reused)."""
+    from pytensor.compile import SharedVariable
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import toposort
+
+    index: dict = {}
+    key: list = [tuple(names)]
+    shared: list = []
+
+    def ref(v) -> int:
+        if v not in index:
+            if isinstance(v, SharedVariable):
+                value = np.asarray(v.get_value(borrow=True))
+                key.append(("shared", v.type, value.shape, value.dtype.str))
+                shared.append(v)
+            elif isinstance(v, Constant):
+                data = np.asarray(v.data)
+                key.append(("constant", v.type, repr(v.data) if data.dtype == object else
+                            (data.shape, data.dtype.str, hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest())))
+            else:  # x (anything else is a second input: never the same as another graph's)
+                key.append(("input", v.type) if v is x else ("other", id(v)))
+            index[v] = len(index)
+        return index[v]
+
+    for node in toposort(outputs):
+        op = ("ode", cache_key(node.op)) if isinstance(node.op, ODEOp) else node.op
+        key.append((op, tuple(ref(i) for i in node.inputs), tuple(o.type for o in node.outputs)))
+        for o in node.outputs:
+            index[o] = len(index)
+    key.append(("outputs", tuple(ref(o) for o in outputs)))
+    return GraphStructure(tuple(key), tuple(shared))
+
+
+#: how many compiled whitened models :func:`compiled_for_structure` keeps (the least recently used is dropped)
+COMPILED_KEPT = 16
+
+
+class ByStructure:
+    """A whitened model (``white``, ``keep``: :func:`whitened_model`'s) to compile, equal to any other of
+    the same :class:`GraphStructure`: the key under which :func:`compiled_for_structure` keeps its compiled
+    model. Hashing raises TypeError when an Op of the graph cannot be hashed (then nothing is kept)."""
+
+    def __init__(self, structure: GraphStructure, white, keep: list[str]):
+        self.structure, self.white, self.keep = structure, white, keep
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ByStructure) and self.structure.key == other.structure.key
+
+    def __hash__(self) -> int:
+        return hash(self.structure.key)
+
+
+@lru_cache(maxsize=COMPILED_KEPT)
+def compiled_for_structure(model: ByStructure) -> tuple[tuple, object, dict]:
+    """nutpie's compiled model of the first whitened model of ``model``'s structure in this process, kept
+    (at most :data:`COMPILED_KEPT`; ``compiled_for_structure.cache_info()``, ``.cache_clear()``) for later
+    models of that structure - a second data set of a study, a fit on a worker that fitted such a model
+    before, step 4's next round (a new whitening): the graph's shared variables in the structure's order,
+    the compiled model, and where its functions read each shared variable (:func:`_shared_layout`)."""
+    compiled, where = _compile(model.white, model.keep)
+    return model.structure.shared, compiled, where
+
+
+def _with_shared_values(found: tuple, structure: GraphStructure, *, coords: dict, dims: dict):
+    """The kept compiled model ``found`` (:func:`compiled_for_structure`) with ``structure.shared``'s present
+    values as its ``user_data`` and the given ``coords`` and ``dims``; its ``logp_func`` and ``expand_func``
+    call its C callbacks. None when the kept functions read a shared variable the structure does not name."""
+    kept_shared, compiled, where = found
+    if set(where) != set(kept_shared):
+        return None
+    buffer = np.zeros_like(compiled.user_data)
+    for var, kept in zip(structure.shared, kept_shared):
+        start, end, shape, dtype = where[kept]
+        value = np.asarray(var.get_value(borrow=True))
+        if value.shape != shape or value.dtype != dtype:  # the structure holds both: cannot happen
+            raise RuntimeError(f"shared variable {var.name!r}: {value.shape} {value.dtype}, kept {shape} {dtype}")
+        buffer[start:end] = value.ravel()
+    reused = dataclasses.replace(compiled, user_data=buffer, _coords=coords, dims=dims)
+    return dataclasses.replace(reused, logp_func=_CallbackLogp(reused), expand_func=_CallbackExpand(reused))
+
+
+class _CallbackLogp:
+    """A reused model's log density and gradient at z, by its C callback and its own ``user_data``
+    (what the kept PyTensor function would give with this model's shared values)."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, z) -> tuple[float, np.ndarray]:
+        import ctypes
+
+        c = self.compiled
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        grad, value = np.zeros(c.n_dim), np.zeros(1)
+        p = ctypes.POINTER(ctypes.c_double)
+        c.compiled_logp_func.ctypes(c.n_dim, z.ctypes.data_as(p), grad.ctypes.data_as(p), value.ctypes.data_as(p),
+                                    c.user_data.ctypes.data)
+        return float(value[0]), grad
+
+
+class _CallbackExpand:
+    """A reused model's draw (z and the kept variables, flattened) at z, by its C callback."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, z) -> list[np.ndarray]:
+        import ctypes
+
+        c = self.compiled
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        draw = np.zeros(c.n_expanded)
+        p = ctypes.POINTER(ctypes.c_double)
+        c.compiled_expand_func.ctypes(c.n_dim, c.n_expanded, z.ctypes.data_as(p), draw.ctypes.data_as(p),
+                                      c.user_data.ctypes.data)
+        return [draw]
 
 
 def _shared_layout(fns) -> tuple[np.ndarray, dict]:
