@@ -147,7 +147,8 @@ def check_times(times, *, min_points: int = 2, name: str = "times") -> np.ndarra
     d = np.diff(t)
     if np.any(d == 0):
         raise DataError(f"{name} contain duplicates (at t = {t[1:][d == 0][:3].tolist()}); "
-                        "give one value per time (average repeated measurements)")
+                        "give one value per time (average repeated measurements, or fit replicate series as "
+                        "experiments of one study: pgpgm.fit_study)")
     if np.any(d < 0):
         raise DataError(f"{name} must be sorted in increasing order (row {int(np.argmax(d < 0)) + 1} "
                         "is earlier than the row before); sort the data by time")

@@ -378,7 +378,9 @@ def read_tidy_csv(path: Path, states, *, experiment: str | None = None) -> dict:
         if key in seen and seen[key][1] != number["value"]:
             raise UsageError(f"{path} lines {seen[key][0]} and {n}: two different values ({seen[key][1]} and "
                              f"{number['value']}) for state {state} at time {key[1]}"
-                             + (f" in {experiment} {group}" if experiment else "") + "; keep one (e.g. their mean)")
+                             + (f" in {experiment} {group}" if experiment else "")
+                             + "; keep one (e.g. their mean), or give replicate series an experiment column (fitted "
+                             "together as a study)")
         seen.setdefault(key, (n, number["value"]))
     if not seen:
         raise UsageError(f"{path}: no data rows after the header")

@@ -118,7 +118,8 @@ def _long_to_wide(table: pd.DataFrame) -> dict[str, np.ndarray]:
         uniq, counts = np.unique(ts, return_counts=True)
         if np.any(counts > 1):
             raise DataError(f"state {s} has several values at time(s) {uniq[counts > 1][:SHOW].tolist()}; give one "
-                            "value per time and state (e.g. their mean)")
+                            "value per time and state (e.g. their mean), or fit replicate series as experiments of "
+                            "one study (pgpgm.fit_study)")
         col = np.full(times.size, np.nan)
         col[np.searchsorted(times, ts)] = v[sel]
         out[s] = col

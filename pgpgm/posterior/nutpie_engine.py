@@ -371,10 +371,11 @@ def graph_structure(outputs, x, names) -> GraphStructure:
                 shared.append(v)
             elif isinstance(v, Constant):
                 data = np.asarray(v.data)
-                key.append(("constant", v.type, repr(v.data) if data.dtype == object else
-                            (data.shape, data.dtype.str, hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest())))
-            else:  # x (anything else is a second input: never the same as another graph's)
-                key.append(("input", v.type) if v is x else ("other", id(v)))
+                value = repr(v.data) if data.dtype == object else \
+                    (data.shape, data.dtype.str, hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest())
+                key.append(("constant", v.type, value))
+            else:  # x (anything else is a second input, equal to itself alone: no other graph's key is equal)
+                key.append(("input", v.type) if v is x else ("other", v))
             index[v] = len(index)
         return index[v]
 
