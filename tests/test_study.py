@@ -305,3 +305,24 @@ def test_study_model_samples_the_named_initial_values_on_the_log_scale():
         np.log(0.3), rel=1e-12)
     logp = float(pm.logp(rv, np.float64(0.3)).eval())
     assert logp == pytest.approx(stats.norm(y0, sd).logpdf(0.3) - stats.norm(y0, sd).logsf(0.0), rel=1e-7)
+
+
+def test_an_unconverged_study_posterior_names_what_the_data_leave_open():
+    """x' = -(a + b) x determines a + b alone: the joint refinement's standard errors of a and b are
+    infinite, and when step 4's chains then mix poorly (here a small budget) the study's ConvergenceWarning
+    says that the data do not determine a and b, and what to do."""
+    from pgpgm.posterior.nuts import PosteriorBudget
+
+    system = pgpgm.ODESystem.from_equations({"x": "-(a + b)*x"}, ["a", "b"], name="sum-decay")
+    t = np.linspace(0.0, 3.0, 15)
+    study = Study.from_mapping({f"e{k}": pgpgm.simulate(system, [0.3, 0.5], [x0], t, noise_sd=0.05, seed=k)
+                                for k, x0 in enumerate((2.0, 3.0))})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = pgpgm.fit_study(system, study, priors=(0.0, 2.0), noise_sd=0.05, fit_kwargs={"draws": 200, "tune": 100},
+                              posterior=pgpgm.NUTS(draws=100, tune=50, chains=2, rounds=1, cores=1, sampler="pymc"),
+                              posterior_budget=PosteriorBudget(None, 400))
+    se = res.estimates["stderr"]
+    assert not np.isfinite(se.sel(parameter=["a", "b"]).values).any()
+    text = " ".join(str(w.message) for w in caught if issubclass(w.category, pgpgm.ConvergenceWarning))
+    assert "NUTS (study)" in text and "the data do not determine a, b" in text and "fixed=" in text

@@ -13,7 +13,7 @@ from ..errors import CompetingOptimaWarning, ConvergenceWarning, DataError
 from ..logscale import measurement_noise
 from ..ode.system import ODESystem
 from ..pipeline import NUTS, fit
-from ..posterior.diagnostics import diagnose, warn_if_unconverged
+from ..posterior.diagnostics import causes_of_poor_mixing, diagnose, mixing_problems, warn_if_unconverged
 from ..posterior.nuts import PosteriorBudget, positive_initial_values, posterior_notes, run_nuts
 from ..priors import Priors
 from ..refinement import LeastSquaresProblem
@@ -230,7 +230,10 @@ def fit_study(
         tree = run.tree
         free_names = [rv.name for rv in model.free_RVs]
         diag = diagnose(tree, free_names)
-        warn_if_unconverged(diag, "NUTS (study)", notes=posterior_notes(tree), stacklevel=2)
+        notes = posterior_notes(tree)
+        if mixing_problems(diag):  # what the joint refinement says the data leave open
+            notes += causes_of_poor_mixing([n for n, se in zip(best.names, best.stderr) if not np.isfinite(se)], ())
+        warn_if_unconverged(diag, "NUTS (study)", notes=notes, stacklevel=2)
         timings["posterior"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     solves = {"steps 1-3 per experiment": int(sum(sum(r.n_ode_solves.values()) for r in fits)),
