@@ -433,43 +433,35 @@ def _with_shared_values(found: tuple, structure: GraphStructure, *, coords: dict
             raise RuntimeError(f"shared variable {var.name!r}: {value.shape} {value.dtype}, kept {shape} {dtype}")
         buffer[start:end] = value.ravel()
     reused = dataclasses.replace(compiled, user_data=buffer, _coords=coords, dims=dims)
-    return dataclasses.replace(reused, logp_func=_CallbackLogp(reused), expand_func=_CallbackExpand(reused))
+    callbacks = _Callbacks(reused)
+    return dataclasses.replace(reused, logp_func=callbacks.logp, expand_func=callbacks.expand)
 
 
-class _CallbackLogp:
-    """A reused model's log density and gradient at z, by its C callback and its own ``user_data``
-    (what the kept PyTensor function would give with this model's shared values)."""
+class _Callbacks:
+    """A reused model's :meth:`logp` (log density and gradient at z) and :meth:`expand` (z and the kept
+    variables, flattened), by its C callbacks and its own ``user_data``: what the kept PyTensor functions
+    would give with this model's shared values."""
 
     def __init__(self, compiled):
         self.compiled = compiled
 
-    def __call__(self, z) -> tuple[float, np.ndarray]:
+    def _call(self, callback, *sizes_and_arrays) -> None:
         import ctypes
 
-        c = self.compiled
-        z = np.ascontiguousarray(z, dtype=np.float64)
-        grad, value = np.zeros(c.n_dim), np.zeros(1)
         p = ctypes.POINTER(ctypes.c_double)
-        c.compiled_logp_func.ctypes(c.n_dim, z.ctypes.data_as(p), grad.ctypes.data_as(p), value.ctypes.data_as(p),
-                                    c.user_data.ctypes.data)
+        args = [a.ctypes.data_as(p) if isinstance(a, np.ndarray) else a for a in sizes_and_arrays]
+        callback.ctypes(*args, self.compiled.user_data.ctypes.data)
+
+    def logp(self, z) -> tuple[float, np.ndarray]:
+        c = self.compiled
+        grad, value = np.zeros(c.n_dim), np.zeros(1)
+        self._call(c.compiled_logp_func, c.n_dim, np.ascontiguousarray(z, dtype=np.float64), grad, value)
         return float(value[0]), grad
 
-
-class _CallbackExpand:
-    """A reused model's draw (z and the kept variables, flattened) at z, by its C callback."""
-
-    def __init__(self, compiled):
-        self.compiled = compiled
-
-    def __call__(self, z) -> list[np.ndarray]:
-        import ctypes
-
+    def expand(self, z) -> list[np.ndarray]:
         c = self.compiled
-        z = np.ascontiguousarray(z, dtype=np.float64)
         draw = np.zeros(c.n_expanded)
-        p = ctypes.POINTER(ctypes.c_double)
-        c.compiled_expand_func.ctypes(c.n_dim, c.n_expanded, z.ctypes.data_as(p), draw.ctypes.data_as(p),
-                                      c.user_data.ctypes.data)
+        self._call(c.compiled_expand_func, c.n_dim, c.n_expanded, np.ascontiguousarray(z, dtype=np.float64), draw)
         return [draw]
 
 
