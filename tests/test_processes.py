@@ -54,6 +54,22 @@ SCRIPT = textwrap.dedent("""
 
 FORK_WARNING = "use of fork() may lead to deadlocks"
 
+#: a default fit (step 4: nutpie) on a grid given on the command line: a model no process has compiled before
+FIRST_FIT = textwrap.dedent("""
+    import json, sys, warnings
+    import numpy as np
+    import pgpgm
+
+    system = pgpgm.ODESystem.from_equations({"x": "-k*x", "y": "k*x - c*y"}, ["k", "c"])
+    t = np.linspace(0.0, float(sys.argv[1]), 15)
+    data = pgpgm.simulate(system, [0.7, 0.4], [3.0, 0.0], t, observed=["y"], noise_sd=0.05, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = pgpgm.fit(system, data, ["y"], priors=(0.0, 5.0), x0={"x": 3.0, "y": 0.0}, progressbar=False, seed=2,
+                        posterior=pgpgm.NUTS(draws=100, tune=100, chains=2, rounds=1, budget=None))
+    print("RESULT " + json.dumps(fit.posterior.posterior["k"].values.tolist()))
+""")
+
 
 def _run(tmp_path, threads: int, *extra: str) -> tuple[dict, str]:
     script = tmp_path / "fit_script.py"
@@ -86,3 +102,22 @@ def test_step_4_draws_are_the_same_under_two_thread_settings(one_thread, tmp_pat
     for name, values in one_thread[0]["draws"].items():
         np.testing.assert_array_equal(np.array(values), np.array(two["draws"][name]), err_msg=name)
     assert np.ptp(np.array(two["draws"]["k"])) > 0  # real draws, not a constant
+
+
+def test_the_process_that_compiles_a_model_draws_what_a_later_process_draws(tmp_path):
+    """The first process that meets a step-4 model compiles its log density (PyTensor's numba backend) and a
+    later one loads that from the cache: with the same seed both draw the same, bit for bit. (With PyTensor's
+    fast-math flags the two codes differed in the last bits - LLVM contracts and reassociates differently
+    when it compiles than in the code it caches - and the chains followed them apart.)"""
+    script = tmp_path / "first_fit.py"
+    script.write_text(FIRST_FIT)
+    end = 6.0 + int.from_bytes(os.urandom(6), "big") / 2**48  # a new grid: a new compiled model
+    draws = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script), repr(end)], capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+        draws.append(np.array(json.loads(line[len("RESULT "):])))
+    assert draws[0].shape == (2, 100) and np.ptp(draws[0]) > 0
+    np.testing.assert_array_equal(draws[0], draws[1])

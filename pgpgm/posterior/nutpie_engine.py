@@ -118,7 +118,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     import nutpie  # imported on first use: it loads pyarrow and its Rust core
 
     if whiten is None:
-        compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
+        with exact_math():
+            compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
     else:
         compiled = compile_whitened(*whitened_model(model, *whiten), reuse=True)
     n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
@@ -292,7 +293,29 @@ def _coords(white) -> dict:
 
 
 def _compile(white, keep: list[str]) -> tuple[object, dict]:
-    """:func:`compile_whitened`'s work: the compiled model, and where its functions read each shared variable."""
+    """:func:`compile_whitened`'s work: the compiled model, and where its functions read each shared variable
+    (compiled without fast-math flags: :func:`exact_math`)."""
+    with exact_math():
+        return _compile_exactly(white, keep)
+
+
+def exact_math():
+    """A context in which PyTensor's numba backend compiles without its fast-math flags (LLVM's
+    floating-point contraction and reassociation: ``pytensor.config.numba__fastmath``).
+
+    With them, the log density that a process compiled and the one a later process loaded from
+    PyTensor's numba cache (``~/.pytensor/numba``) differed in the last bits (Lotka-Volterra x1,
+    lognormal: at 35 of 300 points, by up to 9e-13), so the first fit of a new model in a new
+    process drew other draws than every later process with the same seed. Without them both are the
+    same code, bit for bit. They bought nothing here: the ODE solve, nearly all of a log density's
+    time, is pgpgm's own numba code without them (164 / 466 / 502 us per log density and gradient
+    with them against 164 / 466 / 502 us without, LV x2 large noise, FHN R, PT R; 2026-11-29)."""
+    import pytensor
+
+    return pytensor.config.change_flags(numba__fastmath=False)
+
+
+def _compile_exactly(white, keep: list[str]) -> tuple[object, dict]:
     import numba
     import pytensor
     import pytensor.tensor as pt

@@ -24,6 +24,7 @@ matrix), chains in parallel processes.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import time
@@ -63,7 +64,7 @@ from .diagnostics import (
     problems,
     warn_if_unconverged,
 )
-from .nutpie_engine import sample_nutpie
+from .nutpie_engine import exact_math, sample_nutpie
 
 #: sd of log sigma in the noise prior (a factor e^2 ~ 7 per sd around the GP estimate)
 NOISE_PRIOR_LOG_SD = 2.0
@@ -1155,7 +1156,10 @@ def _budgeted_sample(meter: BudgetMeter, **kwargs):
         return _sample_in_waves(meter, **kwargs)
     meter.begin_round(chains, sequential=cores == 1)
     stops = meter.stops
-    tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
+    # in this process (cores=1) the chains run the code compiled here: without fast math, the same code
+    # as a later process loads from the cache; chain processes always load it (exact_math)
+    with exact_math() if cores == 1 else contextlib.nullcontext():
+        tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
     meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
     tree = _kept_draws(tree, stopped=meter.stops > stops)
     meter.dropped += chains - int(tree.posterior.sizes["chain"])
