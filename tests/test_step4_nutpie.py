@@ -211,6 +211,10 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     assert {"pgpgm_white_mean", "pgpgm_white_chol"} <= shared
 
 
+#: the grid of :func:`_callback_values`'s model, used by no other test
+OWN_GRID = np.linspace(0.0, 3.0, 13)
+
+
 def _callback_values(seed: int, mean: float) -> dict:
     """The decay model of data seed ``seed``, whitened at (``mean``, 0.7), compiled for nutpie: the
     callbacks' log density, gradient and draw at two points, the compiled PyTensor functions' own values
@@ -218,8 +222,9 @@ def _callback_values(seed: int, mean: float) -> dict:
     cache."""
     import ctypes
 
-    y = 2.0 * np.exp(-0.8 * T) + np.random.default_rng(seed).normal(0, SD, T.size)
-    obs = as_observations({"time": T, "x": y}, ["x"], DECAY)
+    times = OWN_GRID  # no other test compiles this model: no other process writes its cache meanwhile
+    y = 2.0 * np.exp(-0.8 * times) + np.random.default_rng(seed).normal(0, SD, times.size)
+    obs = as_observations({"time": times, "x": y}, ["x"], DECAY)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     white, keep = whitened_model(model, np.array([mean, 0.7]), np.array([[0.04, 0.01], [0.01, 0.09]]))
     compiled = compile_whitened(white, keep)

@@ -31,7 +31,7 @@ import numba
 #: pgpgm source files whose code is compiled into (or called from) the cached kernels; a
 #: change in any of them gives every system new keys.
 _COMPILED_SOURCES = ("codegen/printer.py", "codegen/templates.py", "ode/kernels.py", "solve/native.py",
-                     "solve/cvode.py", "matching/compiled.py")
+                     "solve/cvode.py", "solve/dopri5.py", "solve/numba_op.py", "matching/compiled.py")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 

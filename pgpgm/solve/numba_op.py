@@ -8,10 +8,13 @@ uses :class:`~pgpgm.solve.cvode.CVODE` or :class:`~pgpgm.solve.dopri5.DOPRI5`,
 state (and the identity seeds of the x0 sensitivities), and runs the whole solve
 (:func:`~pgpgm.solve.cvode.cvode_kernel`, :func:`~pgpgm.solve.dopri5.dopri5_kernel`) inside
 compiled code: the sampler's logp and gradient reach the solver without Python in between. The
-output times, the breakpoints at which the right-hand side switches in time (the solver restarts
-at each), the tolerances and step budget are compile-time constants; the callbacks and the solve
-counter are reached through link-time symbols (:mod:`.native`), so the function is the same in
-every process and PyTensor caches it on disk under :func:`cache_key` (with the graphs that use it).
+solve itself is compiled once per system, solver and sensitivities (:func:`generic_source`: the
+tolerances, step budget and sizes are constants in its text) and takes the output times and the
+breakpoints at which the right-hand side switches in time (the solver restarts at each) as
+arguments, so a new time grid compiles only the Op's small function that passes them; the callbacks
+and the solve counter are reached through link-time symbols (:mod:`.native`), so both functions are
+the same in every process and cached on disk (the Op's under :func:`cache_key`, by PyTensor, with
+the graphs that use it).
 
 A failed solve (a negative solver flag, a non-finite state, non-finite inputs) gives NaN
 outputs with ``on_failure="nan"`` and raises :class:`~pgpgm.errors.ODESolveError` with
@@ -24,6 +27,7 @@ Python solves together.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numba
@@ -79,7 +83,7 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 9
+CODE_VERSION = 10
 
 
 def cache_key(op: ODEOp) -> str:
@@ -106,12 +110,119 @@ def track_solves(op: ODEOp, integrator) -> str:
     return symbol
 
 
+#: the compiled solve of one system, solver and set of sensitivities, whatever the times: ``solve(theta (P,),
+#: x0 (S,), times (N,), breaks (B,), counter)`` - the integration, its initial state and, with sensitivities,
+#: their split - written out with that Op's constants (sizes, callback symbols, tolerances, what a failure does)
+#: and compiled once, then cached on disk under a key of its text. Each Op's own function only passes its
+#: times, breakpoints and solve counter, so a new time grid (new data, another subject of a study) compiles
+#: a call and not a solver (Lotka-Volterra-size systems: 5.5-8.7 s of numba's work per grid before,
+#: 2026-11-29).
+_GENERIC_SOURCE = """
+def ode_solve(theta, x0, times, breaks, counter):
+    if theta.shape[0] != {P} or x0.shape[0] != {S}:
+        raise DataError("ODEOp: theta and x0 must have the system's numbers of parameters and states")
+    y0 = np.zeros({n})
+    for j in range({S}):
+        y0[j] = x0[j]
+{seed}
+    out = np.empty((times.shape[0], {n}))
+    flag = NON_FINITE
+    t_reached = times[0]
+    if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
+        atomic_increment(counter)
+        theta = np.ascontiguousarray(theta)
+{integrate}
+    if flag < 0:
+{failure}
+{result}
+"""
+
+_SEED = """    for f in range({F}):  # d x(t0) / d x0_j = e_j for the j = free[f] solved for
+        y0[{S} + ({P} + f) * {S} + free[f]] = 1.0"""
+
+_DOPRI5 = """        flag, _, t_reached = dopri5_kernel(symbol_address("{dp_rhs}"), {rtol!r}, {atol!r}, {max_steps}, {stiff_steps},
+                                           times, theta, y0, out, breaks)"""
+
+_CVODE = """        flag, _, t_reached = cvode_solve(symbol_address("{c_rhs}"), symbol_address("{c_jac}"), {c_rtol!r}, {c_atol!r},
+                                         {c_steps}, times, theta, y0, out, breaks, {half_band})"""
+
+_FALLBACK = """        if flag == TOO_MUCH_WORK or flag == STEP_TOO_SMALL or flag == STIFF:  # CVODE redoes the solve
+    """
+
+_SPLIT = """    N = times.shape[0]
+    x = np.ascontiguousarray(out[:, :{S}])
+    dx_dtheta = np.empty((N, {S}, {P}))
+    dx_dx0 = np.zeros((N, {S}, {S}))
+    for t in range(N):
+        for i in range({S}):
+            for k in range({P}):
+                dx_dtheta[t, i, k] = out[t, {S} + k * {S} + i]
+{split_x0}
+    return x, dx_dtheta, dx_dx0"""
+
+_SPLIT_X0 = """            for f in range({F}):
+                dx_dx0[t, i, free[f]] = out[t, {S} + ({P} + f) * {S} + i]"""
+
+
+def generic_source(op: ODEOp) -> str | None:
+    """The text of ``op``'s compiled solve for any times (:data:`_GENERIC_SOURCE`), or None when its solver
+    has none (:func:`compiles`)."""
+    if not compiles(op):
+        return None
+    it = op.integrator
+    S, P = it.system.n_states, it.system.n_parameters
+    free = tuple(range(S)) if op.x0_free is None else tuple(int(j) for j in op.x0_free)
+    F = len(free)
+    n = S * (1 + P + F) if op.sensitivities else S
+    aug = "aug_" if op.sensitivities else ""
+    key = it.system.compiled.key
+    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver  # None: DOPRI5 alone
+    sizes = dict(S=S, P=P, F=F, n=n)
+    if cvode is not None:
+        run_cvode = _CVODE.format(c_rhs=f"pgpgm_{key}_{aug}rhs", c_jac=f"pgpgm_{key}_{aug}jac", c_rtol=float(cvode.rtol),
+                                  c_atol=float(cvode.atol), c_steps=int(cvode.max_steps),
+                                  half_band=aug_half_band(S) if op.sensitivities else -1)
+    if not isinstance(it.solver, DOPRI5):
+        integrate = run_cvode
+    else:
+        s = it.solver
+        integrate = _DOPRI5.format(dp_rhs=f"pgpgm_{key}_dp_{aug}rhs", rtol=float(s.rtol), atol=float(s.atol),
+                                   max_steps=int(s.max_steps), stiff_steps=STIFF_STEPS if s.stiffness else 0)
+        if cvode is not None:
+            integrate += "\n" + _FALLBACK + run_cvode.replace("\n", "\n    ")
+    failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
+    failure = (f"        raise ODESolveError({failed!r}, flag, t_reached)" if op.on_failure == "raise"
+               else "        out[:] = np.nan")
+    x0_sensitivities = op.sensitivities and F > 0  # the loops over free[f] only where there is one
+    result = _SPLIT.format(split_x0=_SPLIT_X0.format(**sizes) if F else "", **sizes) if op.sensitivities else "    return out"
+    text = _GENERIC_SOURCE.format(seed=_SEED.format(**sizes) if x0_sensitivities else "", integrate=integrate,
+                                  failure=failure, result=result, **sizes)
+    return f"# pgpgm ODEOp solve, version {CODE_VERSION}; free = {free!r}\n" + text.replace("free[f]", f"{free!r}[f]")
+
+
+@lru_cache(maxsize=None)
+def _generic(text: str, cvode: bool):
+    """The compiled function of :func:`generic_source`'s ``text`` in this process (loaded from the disk cache
+    where an earlier process compiled it); ``cvode``: it calls CVODE (linked first)."""
+    from pytensor.link.numba.cache import compile_numba_function_src
+
+    names = {"__name__": __name__, "np": np, "DataError": DataError, "ODESolveError": ODESolveError,
+             "NON_FINITE": NON_FINITE, "TOO_MUCH_WORK": TOO_MUCH_WORK, "STEP_TOO_SMALL": STEP_TOO_SMALL,
+             "STIFF": STIFF, "atomic_increment": _atomic_increment, "symbol_address": native.symbol_address,
+             "dopri5_kernel": dopri5_kernel}
+    if cvode:
+        names["cvode_solve"] = cvode_kernel()  # links SUNDIALS
+    key = hashlib.sha256(text.encode()).hexdigest()
+    return numba.njit(cache=True)(compile_numba_function_src(text, "ode_solve", names, cache_key=key))
+
+
 def numba_ode_function(op: ODEOp):
     """The njit implementation of ``op``, or None when its solver has none (see :func:`compiles`).
 
-    The function reaches the system's C callbacks and the integrator's solve counter through
-    link-time symbols named by :func:`cache_key` (registered here, see
-    :mod:`pgpgm.solve.native`), so numba and PyTensor can cache it on disk.
+    It calls the solve compiled for ``op``'s system, solver and sensitivities whatever the times
+    (:func:`generic_source`, cached on disk by numba) with ``op``'s times, breakpoints and solve counter;
+    the solve reaches the system's C callbacks and the counter through link-time symbols (registered
+    here, see :mod:`pgpgm.solve.native`), so numba and PyTensor can cache both on disk.
 
     Returns
     -------
@@ -120,94 +231,22 @@ def numba_ode_function(op: ODEOp):
     columns ``op.x0_free`` of dx_dx0 are solved for (the others are 0): S (1 + P + F) equations
     for F of them instead of S (1 + P + S).
     """
-    if not compiles(op):
+    text = generic_source(op)
+    if text is None:
         return None
     it = op.integrator
-    S, P, N = it.system.n_states, it.system.n_parameters, it.times.size
-    free = np.arange(S) if op.x0_free is None else np.asarray(op.x0_free, dtype=np.int64)
-    F = free.size
-    K = P + F
-    n = S * (1 + K) if op.sensitivities else S
-    aug = "aug_" if op.sensitivities else ""
+    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver
+    if cvode is not None:
+        cvode_callbacks(it.system.compiled)  # registers the callbacks' symbols
+    if isinstance(it.solver, DOPRI5):
+        dopri5_callbacks(it.system.compiled)
+    solve = _generic(text, cvode is not None)
     counter_symbol = track_solves(op, it)
-    rtol, atol, max_steps = it.solver.rtol, it.solver.atol, it.solver.max_steps
     times = np.ascontiguousarray(it.times, dtype=np.float64)
     breaks = np.ascontiguousarray(it.breakpoints, dtype=np.float64)
-    raise_on_failure = op.on_failure == "raise"
-    sensitivities = op.sensitivities
-    failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
-    key = it.system.compiled.key
-    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver  # None: DOPRI5 alone
-    if cvode is not None:
-        kernel = cvode_kernel()  # links SUNDIALS
-        cvode_callbacks(it.system.compiled)  # registers the callbacks' symbols
-        c_rtol, c_atol, c_steps = cvode.rtol, cvode.atol, cvode.max_steps
-        c_rhs, c_jac = f"pgpgm_{key}_{aug}rhs", f"pgpgm_{key}_{aug}jac"
-        half_band = aug_half_band(S) if sensitivities else -1
-
-        @numba.njit
-        def run_cvode(theta, y0, out):
-            return kernel(native.symbol_address(c_rhs), native.symbol_address(c_jac), c_rtol, c_atol, c_steps,
-                          times, theta, y0, out, breaks, half_band)
-    if not isinstance(it.solver, DOPRI5):
-        run = run_cvode
-    else:
-        dopri5_callbacks(it.system.compiled)  # registers the callbacks' symbols
-        dp_rhs = f"pgpgm_{key}_dp_{aug}rhs"
-        stiff_steps = STIFF_STEPS if it.solver.stiffness else 0
-
-        @numba.njit
-        def run_dopri5(theta, y0, out):
-            return dopri5_kernel(native.symbol_address(dp_rhs), rtol, atol, max_steps, stiff_steps, times, theta, y0,
-                                 out, breaks)
-
-        if cvode is None:
-            run = run_dopri5
-        else:
-            @numba.njit
-            def run(theta, y0, out):
-                flag, index, t = run_dopri5(theta, y0, out)
-                if flag == TOO_MUCH_WORK or flag == STEP_TOO_SMALL or flag == STIFF:  # CVODE redoes the solve
-                    return run_cvode(theta, y0, out)
-                return flag, index, t
 
     @numba.njit
-    def augmented_solve(theta, x0):
-        if theta.shape[0] != P or x0.shape[0] != S:
-            raise DataError("ODEOp: theta and x0 must have the system's numbers of parameters and states")
-        y0 = np.zeros(n)
-        for j in range(S):
-            y0[j] = x0[j]
-        if sensitivities:
-            for f in range(F):  # d x(t0) / d x0_j = e_j for the j = free[f] solved for
-                y0[S + (P + f) * S + free[f]] = 1.0
-        out = np.empty((N, n))
-        flag = NON_FINITE
-        t_reached = times[0]
-        if np.all(np.isfinite(theta)) and np.all(np.isfinite(y0)):
-            _atomic_increment(native.symbol_address(counter_symbol))
-            flag, _, t_reached = run(np.ascontiguousarray(theta), y0, out)
-        if flag < 0:
-            if raise_on_failure:
-                raise ODESolveError(failed, flag, t_reached)
-            out[:] = np.nan
-        return out
+    def ode_op_solve(theta, x0):
+        return solve(theta, x0, times, breaks, native.symbol_address(counter_symbol))
 
-    if not sensitivities:
-        return augmented_solve
-
-    @numba.njit
-    def solve_with_sensitivities(theta, x0):
-        y = augmented_solve(theta, x0)
-        x = np.ascontiguousarray(y[:, :S])
-        dx_dtheta = np.empty((N, S, P))
-        dx_dx0 = np.zeros((N, S, S))
-        for t in range(N):
-            for i in range(S):
-                for k in range(P):
-                    dx_dtheta[t, i, k] = y[t, S + k * S + i]
-                for f in range(F):
-                    dx_dx0[t, i, free[f]] = y[t, S + (P + f) * S + i]
-        return x, dx_dtheta, dx_dx0
-
-    return solve_with_sensitivities
+    return ode_op_solve
