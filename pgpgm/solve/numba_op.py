@@ -59,12 +59,17 @@ def _atomic_increment(typingctx, address):
     return types.int64(address), codegen
 
 
+def _cvode_of(solver) -> CVODE | None:
+    """The CVODE that ``solver`` runs: itself, a DOPRI5's fallback, or None (DOPRI5 alone)."""
+    return solver.fallback if isinstance(solver, DOPRI5) else solver
+
+
 def compiles(op: ODEOp) -> bool:
     """Whether ``op`` gets a numba implementation (its integrator uses compiled CVODE, or DOPRI5)."""
     it = op.integrator
     if isinstance(it.solver, DOPRI5) and it.solver.fallback is None:
         return True
-    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver
+    cvode = _cvode_of(it.solver)
     return isinstance(cvode, CVODE) and cvode.available() and cvode_callbacks(it.system.compiled) is not None
 
 
@@ -137,8 +142,8 @@ def ode_solve(theta, x0, times, breaks, counter):
 {result}
 """
 
-_SEED = """    for f in range({F}):  # d x(t0) / d x0_j = e_j for the j = free[f] solved for
-        y0[{S} + ({P} + f) * {S} + free[f]] = 1.0"""
+_SEED = """    for f in range({F}):  # d x(t0) / d x0_j = e_j for the j = {free}[f] solved for
+        y0[{S} + ({P} + f) * {S} + {free}[f]] = 1.0"""
 
 _DOPRI5 = """        flag, _, t_reached = dopri5_kernel(symbol_address("{dp_rhs}"), {rtol!r}, {atol!r}, {max_steps}, {stiff_steps},
                                            times, theta, y0, out, breaks)"""
@@ -161,7 +166,7 @@ _SPLIT = """    N = times.shape[0]
     return x, dx_dtheta, dx_dx0"""
 
 _SPLIT_X0 = """            for f in range({F}):
-                dx_dx0[t, i, free[f]] = out[t, {S} + ({P} + f) * {S} + i]"""
+                dx_dx0[t, i, {free}[f]] = out[t, {S} + ({P} + f) * {S} + i]"""
 
 
 def generic_source(op: ODEOp) -> str | None:
@@ -176,8 +181,8 @@ def generic_source(op: ODEOp) -> str | None:
     n = S * (1 + P + F) if op.sensitivities else S
     aug = "aug_" if op.sensitivities else ""
     key = it.system.compiled.key
-    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver  # None: DOPRI5 alone
-    sizes = dict(S=S, P=P, F=F, n=n)
+    cvode = _cvode_of(it.solver)
+    sizes = dict(S=S, P=P, F=F, n=n, free=repr(free))
     if cvode is not None:
         run_cvode = _CVODE.format(c_rhs=f"pgpgm_{key}_{aug}rhs", c_jac=f"pgpgm_{key}_{aug}jac", c_rtol=float(cvode.rtol),
                                   c_atol=float(cvode.atol), c_steps=int(cvode.max_steps),
@@ -193,11 +198,11 @@ def generic_source(op: ODEOp) -> str | None:
     failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
     failure = (f"        raise ODESolveError({failed!r}, flag, t_reached)" if op.on_failure == "raise"
                else "        out[:] = np.nan")
-    x0_sensitivities = op.sensitivities and F > 0  # the loops over free[f] only where there is one
-    result = _SPLIT.format(split_x0=_SPLIT_X0.format(**sizes) if F else "", **sizes) if op.sensitivities else "    return out"
-    text = _GENERIC_SOURCE.format(seed=_SEED.format(**sizes) if x0_sensitivities else "", integrate=integrate,
-                                  failure=failure, result=result, **sizes)
-    return f"# pgpgm ODEOp solve, version {CODE_VERSION}; free = {free!r}\n" + text.replace("free[f]", f"{free!r}[f]")
+    seed, split_x0 = (_SEED.format(**sizes), _SPLIT_X0.format(**sizes)) if F else ("", "")  # loops over free x0 only
+    result = _SPLIT.format(split_x0=split_x0, **sizes) if op.sensitivities else "    return out"
+    text = _GENERIC_SOURCE.format(seed=seed if op.sensitivities else "", integrate=integrate, failure=failure,
+                                  result=result, **sizes)
+    return f"# pgpgm ODEOp solve, version {CODE_VERSION}; free = {free!r}\n" + text
 
 
 @lru_cache(maxsize=None)
@@ -235,7 +240,7 @@ def numba_ode_function(op: ODEOp):
     if text is None:
         return None
     it = op.integrator
-    cvode = it.solver.fallback if isinstance(it.solver, DOPRI5) else it.solver
+    cvode = _cvode_of(it.solver)
     if cvode is not None:
         cvode_callbacks(it.system.compiled)  # registers the callbacks' symbols
     if isinstance(it.solver, DOPRI5):
