@@ -426,13 +426,17 @@ class ValueSpace:
         for rv, x in zip(self.rvs, inputs):
             tr = model.rvs_to_transforms.get(rv)
             outputs.append(x if tr is None else tr.forward(x, *rv.owner.inputs))
-        self._forward = pytensor.function(inputs, outputs, on_unused_input="ignore")
+        with exact_math():  # the same code whether compiled here or loaded from the cache
+            self._forward = pytensor.function(inputs, outputs, on_unused_input="ignore")
 
     @cached_property
     def logp_dlogp(self):
         """PyMC's ``ValueGradFunction`` of the model: (log density, gradient) of the raveled values of
-        ``model.continuous_value_vars`` (compiled on first use; nutpie's engine never asks for it)."""
-        func = self.model.logp_dlogp_function(ravel_inputs=True)
+        ``model.continuous_value_vars`` (compiled on first use; nutpie's engine never asks for it), compiled
+        without fast math (:func:`~pgpgm.posterior.nutpie_engine.exact_math`): PyMC's chains in this process
+        and in later ones then run the same code, whether compiled or loaded from the cache."""
+        with exact_math():
+            func = self.model.logp_dlogp_function(ravel_inputs=True)
         func.trust_input = True
         return func
 
