@@ -16,7 +16,8 @@ therefore never fork the calling process:
 
 A chain process gets the compiled model by unpickling PyMC's step method: PyTensor rebuilds
 the graph's function from its compile cache and numba's, and pgpgm's kernels from
-:mod:`pgpgm.codegen.cache` (nothing is compiled again). It runs one BLAS/OpenMP thread
+:mod:`pgpgm.codegen.cache` (nothing is compiled again: its PyTensor flags are this process's, fast math
+off: :func:`exact_math_environment`). It runs one BLAS/OpenMP thread
 (PyMC's ``blas_cores`` split over the chains), so the draws are the same whatever the
 thread settings (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, threadpoolctl) of the caller.
 """
@@ -53,6 +54,16 @@ SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_
 _SERVER_LOCK = threading.Lock()
 
 
+def exact_math_environment() -> dict[str, str]:
+    """``PYTENSOR_FLAGS`` (this process's, if any) with PyTensor's numba fast-math flags off, for a chain
+    process: it then compiles, or loads from the cache, the code that step 4 compiled in this process
+    (without them: :func:`pgpgm.posterior.nutpie_engine.exact_math`). With the default flags a chain
+    process asked the cache for other code, missed and compiled the model again (Theoph's hierarchical
+    model with empty caches: its 2 chains' sampling 46 s against 6 s)."""
+    flags = os.environ.get("PYTENSOR_FLAGS", "")
+    return {"PYTENSOR_FLAGS": f"{flags},numba__fastmath=False" if flags else "numba__fastmath=False"}
+
+
 def chain_context() -> multiprocessing.context.BaseContext:
     """The :mod:`multiprocessing` context of step 4's chain processes (:data:`START_METHOD`).
 
@@ -65,7 +76,7 @@ def chain_context() -> multiprocessing.context.BaseContext:
     if START_METHOD == "forkserver":
         with _SERVER_LOCK:
             ctx.set_forkserver_preload(list(SERVER_PRELOAD))
-            with _environment(SERVER_ENVIRONMENT):
+            with _environment({**SERVER_ENVIRONMENT, **exact_math_environment()}):
                 forkserver.ensure_running()  # a no-op while the server runs
     return ctx
 
@@ -129,5 +140,5 @@ def sample_in_processes(sample: Callable[..., R], **kwargs) -> R:
     # fork makes PyMC limit this process's BLAS threads while it samples
     kwargs.setdefault("mp_ctx", chain_context() if parallel > 1 else multiprocessing.get_context("spawn"))
     kwargs.setdefault("blas_cores", max(1, parallel))
-    with main_module_hidden():
+    with main_module_hidden(), _environment(exact_math_environment()):  # for "spawn"d chain processes
         return sample(**kwargs)
