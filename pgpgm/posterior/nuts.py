@@ -278,6 +278,7 @@ def build_ode_model(
     grid = np.union1d(t, dense)
     solve_times, plot_times = np.union1d(t, grid[:2]), np.union1d(grid[:1], dense)
     rows_obs, rows_dense = np.searchsorted(solve_times, t), as_slice(np.searchsorted(plot_times, dense))
+    every_row = as_slice(rows_obs)  # the rows of all observation times (a state measured at every one)
     integrator = Integrator(system, solve_times, solver)
     plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
@@ -336,8 +337,7 @@ def build_ode_model(
                 sigma = pm.Data(data_name("noise_sd", s), float(noise_sd[m]))
             if obs.complete:
                 y = pm.Data(data_name("y", s), Y[:, m], dims="time")
-                every = as_slice(rows_obs)
-                mu = safe[every, obs_idx[m]] if observables is None else columns[m][every]
+                mu = safe[every_row, obs_idx[m]] if observables is None else columns[m][every_row]
                 pm.Normal(f"y_{s}", mu=mu, sigma=sigma, observed=y, dims="time")
             else:  # the likelihood only where state s is measured
                 rows = obs.rows(m)
