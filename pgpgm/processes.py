@@ -54,14 +54,36 @@ SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_
 _SERVER_LOCK = threading.Lock()
 
 
+#: PyTensor's flag of LLVM's fast-math flags in the code its numba backend compiles, and step 4's value
+#: of it (:func:`exact_math`)
+EXACT_MATH_FLAGS = {"numba__fastmath": False}
+
+
+def exact_math() -> contextlib.AbstractContextManager:
+    """A context in which PyTensor's numba backend compiles without its fast-math flags (LLVM's
+    floating-point contraction and reassociation: :data:`EXACT_MATH_FLAGS`).
+
+    With them, the log density that a process compiled and the one a later process loaded from
+    PyTensor's numba cache (``~/.pytensor/numba``) differed in the last bits (Lotka-Volterra x1,
+    lognormal: at 35 of 300 points, by up to 9e-13), so the first fit of a new model in a new
+    process drew other draws than every later process with the same seed. Without them both are the
+    same code, bit for bit. They bought nothing here: the ODE solve, nearly all of a log density's
+    time, is pgpgm's own numba code without them (164 / 466 / 502 us per log density and gradient
+    with them against 164 / 466 / 502 us without, LV x2 large noise, FHN R, PT R; 2026-11-29)."""
+    import pytensor  # imported on first use: ``import pgpgm`` stays light
+
+    return pytensor.config.change_flags(**EXACT_MATH_FLAGS)
+
+
 def exact_math_environment() -> dict[str, str]:
-    """``PYTENSOR_FLAGS`` (this process's, if any) with PyTensor's numba fast-math flags off, for a chain
-    process: it then compiles, or loads from the cache, the code that step 4 compiled in this process
-    (without them: :func:`pgpgm.posterior.nutpie_engine.exact_math`). With the default flags a chain
-    process asked the cache for other code, missed and compiled the model again (Theoph's hierarchical
-    model with empty caches: its 2 chains' sampling 46 s against 6 s)."""
+    """``PYTENSOR_FLAGS`` (this process's, if any) with :data:`EXACT_MATH_FLAGS`, for a chain process: it
+    then compiles, or loads from the cache, the code that step 4 compiled in this process (in
+    :func:`exact_math`). With the default flags a chain process asked the cache for other code, missed
+    and compiled the model again (Theoph's hierarchical model with empty caches: its 2 chains' sampling
+    46 s against 6 s)."""
+    exact = ",".join(f"{k}={v}" for k, v in EXACT_MATH_FLAGS.items())
     flags = os.environ.get("PYTENSOR_FLAGS", "")
-    return {"PYTENSOR_FLAGS": f"{flags},numba__fastmath=False" if flags else "numba__fastmath=False"}
+    return {"PYTENSOR_FLAGS": f"{flags},{exact}" if flags else exact}
 
 
 def chain_context() -> multiprocessing.context.BaseContext:

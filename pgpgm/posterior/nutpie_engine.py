@@ -55,6 +55,7 @@ from functools import lru_cache
 import numpy as np
 import xarray as xr
 
+from ..processes import exact_math
 from ..solve.numba_op import cache_key
 from ..solve.op import ODEOp
 
@@ -67,6 +68,15 @@ WHITE = "pgpgm_z"
 #: Measured on the 40 published fits (benchmarks/RESULTS.md): 35 converged against 30 with the diagonal
 #: alone, 7 of the 10 large-noise Lotka-Volterra fits against 2.
 ADAPTATION = "low_rank"
+#: each draw's step size is the adapted one times U(1 - j, 1 + j) (nutpie's ``step_size_jitter``; its own
+#: default 0.1, Stan's recommended 0.5). The large-noise Lotka-Volterra x2 posteriors are a broad bulk with
+#: a thin curved ridge out of it (log theta3 and log theta4 rising together, towards the true theta3 = 4:
+#: 10-25 % of the mass); the step size adapted to the bulk diverges in the ridge, so a chain seldom enters
+#: or leaves it and the chains hold different shares of it. With a step now and then half as long, they
+#: move between the two (seeds 1 and 2: R-hat 1.022 / 1.066, ESS 124 / 53, 459 / 4229 divergences at
+#: nutpie's most draws with 0.1; 1.008 / 1.007, ESS 438 / 529, 285 / 278 divergences with 0.5;
+#: benchmarks/RESULTS.md)
+STEP_SIZE_JITTER = 0.5
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1
 #: the draws are checked at fixed counts per chain - ``draws``, then GROWTH times the last count (rounded
@@ -132,7 +142,7 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     run = nutpie.sample(compiled, draws=int(max_draws), tune=n_tune, chains=chains, cores=chains,
                         seed=seed, save_warmup=True, progress_bar=False, blocking=False, progress_callback=progress,
                         progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth,
-                        adaptation=ADAPTATION)
+                        adaptation=ADAPTATION, step_size_jitter=STEP_SIZE_JITTER)
     check = int(draws)  # the next check: at this many draws of every chain
     passed = None  # the draws that passed the check (the chains run on a little before the abort)
     check_seconds = 0.0  # how long the last check took (reading the trace grows with the draws)
@@ -300,22 +310,6 @@ def _compile(white, keep: list[str]) -> tuple[object, dict]:
     (compiled without fast-math flags: :func:`exact_math`)."""
     with exact_math():
         return _compile_exactly(white, keep)
-
-
-def exact_math():
-    """A context in which PyTensor's numba backend compiles without its fast-math flags (LLVM's
-    floating-point contraction and reassociation: ``pytensor.config.numba__fastmath``).
-
-    With them, the log density that a process compiled and the one a later process loaded from
-    PyTensor's numba cache (``~/.pytensor/numba``) differed in the last bits (Lotka-Volterra x1,
-    lognormal: at 35 of 300 points, by up to 9e-13), so the first fit of a new model in a new
-    process drew other draws than every later process with the same seed. Without them both are the
-    same code, bit for bit. They bought nothing here: the ODE solve, nearly all of a log density's
-    time, is pgpgm's own numba code without them (164 / 466 / 502 us per log density and gradient
-    with them against 164 / 466 / 502 us without, LV x2 large noise, FHN R, PT R; 2026-11-29)."""
-    import pytensor
-
-    return pytensor.config.change_flags(numba__fastmath=False)
 
 
 def _compile_exactly(white, keep: list[str]) -> tuple[object, dict]:

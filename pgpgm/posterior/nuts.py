@@ -51,7 +51,7 @@ from ..noise import NOISE_MODELS
 from ..observables import Observables
 from ..ode.system import ODESystem
 from ..priors import Priors, PriorSpec
-from ..processes import sample_in_processes
+from ..processes import exact_math, sample_in_processes
 from ..solve import Integrator, Solver
 from ..solve.op import ODEOp
 from .diagnostics import (
@@ -64,7 +64,7 @@ from .diagnostics import (
     problems,
     warn_if_unconverged,
 )
-from .nutpie_engine import exact_math, sample_nutpie
+from .nutpie_engine import sample_nutpie
 
 #: sd of log sigma in the noise prior (a factor e^2 ~ 7 per sd around the GP estimate)
 NOISE_PRIOR_LOG_SD = 2.0
@@ -433,7 +433,7 @@ class ValueSpace:
     def logp_dlogp(self):
         """PyMC's ``ValueGradFunction`` of the model: (log density, gradient) of the raveled values of
         ``model.continuous_value_vars`` (compiled on first use; nutpie's engine never asks for it), compiled
-        without fast math (:func:`~pgpgm.posterior.nutpie_engine.exact_math`): PyMC's chains in this process
+        without fast math (:func:`~pgpgm.processes.exact_math`): PyMC's chains in this process
         and in later ones then run the same code, whether compiled or loaded from the cache."""
         with exact_math():
             func = self.model.logp_dlogp_function(ravel_inputs=True)
