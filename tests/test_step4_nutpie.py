@@ -12,6 +12,7 @@ from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nutpie_engine import (
     COMPILED_KEPT,
     START_JITTER,
+    STEP_SIZE_JITTER,
     WHITE,
     compile_whitened,
     compiled_for_structure,
@@ -66,6 +67,10 @@ def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
     assert float(diag["rhat"].max()) <= 1.01 and float(diag["ess_bulk"].min()) >= 400
     assert 300 <= tree.posterior.sizes["draw"] < 300 * 32
     assert tree.attrs["pgpgm_sampler"] == "nutpie"
+    # each draw's step size is the adapted one times U(1 - j, 1 + j), j = STEP_SIZE_JITTER (nutpie's own: 0.1)
+    ratio = (tree.sample_stats["step_size"] / tree.sample_stats["step_size_bar"]).values.ravel()
+    assert 1 - STEP_SIZE_JITTER - 1e-9 <= ratio.min() < 1 - 0.9 * STEP_SIZE_JITTER
+    assert 1 + 0.9 * STEP_SIZE_JITTER < ratio.max() <= 1 + STEP_SIZE_JITTER + 1e-9
     np.testing.assert_array_equal(tree["observed_data"]["y_x"].values.ravel(),
                                   np.asarray(model.rvs_to_values[model["y_x"]].eval()).ravel())
     ref = sample_posterior(model, center, sd, draws=3000, tune=500, chains=4, cores=2, seed=3, progressbar=False,
