@@ -10,9 +10,11 @@ import xarray as xr
 
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nutpie_engine import (
+    CHECK_STATS,
     COMPILED_KEPT,
     START_JITTER,
     STEP_SIZE_JITTER,
+    checked_draws,
     WHITE,
     compile_whitened,
     compiled_for_structure,
@@ -82,6 +84,27 @@ def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
         se = np.sqrt(a.var() / ess_a + b.var() / ess_b)
         assert abs(a.mean() - b.mean()) < 4 * se, name
         assert a.std() == pytest.approx(b.std(), rel=0.15), name
+
+
+def test_a_check_reads_the_same_draws_as_the_whole_trace():
+    """checked_draws (the scalars and CHECK_STATS from nutpie's Arrow trace) holds exactly the first n
+    draws after tuning of every chain that nutpie's whole trace holds; None while a chain has fewer."""
+    import nutpie
+
+    model, center, _ = _decay_model()
+    compiled = nutpie.compile_pymc_model(model, backend="numba")
+    run = nutpie.sample(compiled, draws=5000, tune=50, chains=3, seed=4, progress_bar=False, blocking=False)
+    got = None
+    while got is None:  # read while the chains run on, as sample_nutpie's checks do
+        got = checked_draws(run, ["k", "x_0"], 100)
+    assert checked_draws(run, ["k"], 5001) is None
+    whole = equal_chains(run.abort(), 100)
+    assert got.posterior.sizes == {"chain": 3, "draw": 100}
+    for name in ("k", "x_0"):
+        np.testing.assert_array_equal(got.posterior[name].values, whole.posterior[name].values)
+    for name in CHECK_STATS:
+        np.testing.assert_array_equal(got.sample_stats[name].values, whole.sample_stats[name].values)
+    assert diagnose(got, ["k", "x_0"]).equals(diagnose(whole, ["k", "x_0"]))
 
 
 def test_no_check_is_begun_that_would_end_past_the_time_budget():

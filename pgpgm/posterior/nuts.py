@@ -1096,7 +1096,7 @@ def run_nuts(
                              target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
                              max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
                              converged=converged,
-                             whiten=whiten, seconds_left=meter.seconds_left)
+                             whiten=whiten, seconds_left=meter.seconds_left, watched=names)
         tree = _kept_draws(tree, stopped=bool(meter.exhausted))  # stopped while tuning: its latter half
         n = int(tree.posterior.sizes["draw"])
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
