@@ -10,7 +10,9 @@ asked for up to ``max_draws`` draws per chain and watched from here:
   ``spent``; once it says the budget is spent the run is aborted and keeps what it drew;
 - at fixed draw counts per chain (``draws``, then :data:`GROWTH` times the last), once the slowest
   chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and
-  divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they pass, the run ends there.
+  divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they pass, the run ends there. A check
+  reads only the watched scalars and a few statistics (:func:`checked_draws`), not every draw's
+  trajectories.
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
 :func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
