@@ -71,7 +71,8 @@ WHITE = "pgpgm_z"
 #: alone, 7 of the 10 large-noise Lotka-Volterra fits against 2.
 ADAPTATION = "low_rank"
 #: each draw's step size is the adapted one times U(1 - j, 1 + j) (nutpie's ``step_size_jitter``; its own
-#: default, kept). Measured with 0.5 (Stan's recommended value; benchmarks/RESULTS.md, "The ridge, and step-size jitter"):
+#: default, kept). Measured with 0.5 (Stan's recommended value; benchmarks/RESULTS.md, "The ridge, and
+#: step-size jitter"):
 #: the large-noise Lotka-Volterra x2 posteriors - a broad bulk with a thin curved ridge out of it - then
 #: mix between the two (seeds 1 and 2: R-hat 1.008 / 1.007, ESS 438 / 529 against 1.022 / 1.066, 124 / 53),
 #: 40 of 40 published fits converged against 38; but on the other shipped cases 9 of 13 against 11 of 13:
