@@ -11,10 +11,13 @@ import xarray as xr
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
 from pgpgm.posterior.nutpie_engine import (
     CHECK_STATS,
+    BETWEEN,
     COMPILED_KEPT,
     START_JITTER,
     STEP_SIZE_JITTER,
     checked_draws,
+    check_points,
+    GROWTH,
     WHITE,
     compile_whitened,
     compiled_for_structure,
@@ -142,8 +145,43 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
     few, n_few = run(lambda: 0.1)
     many, _ = run(None)
     assert few == [100] and n_few > 100  # one check; the draws up to the end are returned
-    assert len(many) >= 3 and many[:3] == [100, 125, 157]
+    assert len(many) >= 3 and many[:3] == check_points(100, 1000)[:3] == [100, 112, 125]
     assert aheads[0] == 0.0 and 0.3 <= max(aheads) < 5.0  # each check slept 0.3 s
+
+
+def test_the_checks_keep_every_count_of_growth_alone_and_add_counts_between():
+    """check_points: every count of ``draws`` times GROWTH (rounded up) is checked, so no run passes later
+    than with those alone; BETWEEN more lie strictly between two of them; up to the first count >= last."""
+    points = check_points(500, 16000)
+    alone = [500]
+    while alone[-1] < 16000:
+        alone.append(int(np.ceil(alone[-1] * GROWTH)))
+    assert alone[:3] == [500, 625, 782] and 11403 in alone  # the counts before BETWEEN
+    assert set(alone) <= set(points) and points == sorted(set(points)) and points[-1] == alone[-1]
+    assert len(points) == len(alone) + (len(alone) - 1) * BETWEEN
+    assert 10199 in points and 9122 < 10199 < 11403
+
+
+def test_the_trajectories_computed_after_sampling_are_the_models_at_each_draw():
+    """nutpie's trace holds z and the free variables only; the deterministics (the dense trajectory) are
+    computed after sampling for every kept draw (add_after, two threads): equal to the model's own
+    deterministic at that draw's free values, by name, dims and coordinates."""
+    import pytensor
+
+    model, center, sd = _decay_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        tree = sample_posterior(model, center, sd, draws=150, tune=100, chains=2, seed=7, progressbar=False,
+                                nuts_sampler="nutpie", max_rounds=1)
+    post = tree.posterior
+    dense = post["x"]
+    assert dense.dims == ("chain", "draw", "time_dense") and dense.sizes["draw"] == 150
+    np.testing.assert_array_equal(dense["time_dense"].values, model.coords["time_dense"])
+    trajectory = pytensor.function([model["k"], model["x_0"]], model["x"])  # at the constrained values
+    rng = np.random.default_rng(0)
+    for c, d in zip(rng.integers(0, 2, 6), rng.integers(0, 150, 6)):
+        np.testing.assert_allclose(dense.values[c, d], trajectory(post["k"].values[c, d], post["x_0"].values[c, d]),
+                                   rtol=1e-12)
 
 
 def test_equal_chains_cuts_every_chain_to_the_shortest():
@@ -199,7 +237,7 @@ def test_the_compiled_callbacks_are_the_whitened_log_density_its_gradient_and_th
     model, _, _ = _decay_model()
     mean, cov = np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])
     white, keep = whitened_model(model, mean, cov)
-    compiled = compile_whitened(white, keep)
+    compiled = compile_whitened(white, keep).model
     chol = np.linalg.cholesky(cov)
     # the log density with its gradient in one function, as in the callback: the ODE solve with
     # sensitivities steps differently from one without (log densities 1e-5 apart)
@@ -255,7 +293,7 @@ def _callback_values(seed: int, mean: float) -> dict:
     obs = as_observations({"time": times, "x": y}, ["x"], DECAY)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD])
     white, keep = whitened_model(model, np.array([mean, 0.7]), np.array([[0.04, 0.01], [0.01, 0.09]]))
-    compiled = compile_whitened(white, keep)
+    compiled = compile_whitened(white, keep).model
     p, data = ctypes.POINTER(ctypes.c_double), compiled.user_data.ctypes.data
     out = []
     for z in (np.array([0.3, -0.2]), np.array([-1.1, 0.8])):
@@ -334,13 +372,13 @@ def test_a_model_of_a_compiled_structure_reuses_its_callbacks_with_its_own_data(
 
     compiled_for_structure.cache_clear()
     points = [np.array([0.3, -0.2]), np.array([-1.1, 0.8])]
-    first = compile_whitened(*_decay_white(3, -0.2)[1], reuse=True)
+    first = compile_whitened(*_decay_white(3, -0.2)[1], reuse=True).model
     assert counts() == (0, 1)
     model, white = _decay_white(11, 0.1)
-    reused = compile_whitened(*white, reuse=True)
+    reused = compile_whitened(*white, reuse=True).model
     assert counts() == (1, 1)
     assert reused.compiled_logp_func is first.compiled_logp_func  # the same compiled code
-    fresh = compile_whitened(*_decay_white(11, 0.1)[1])  # compiled for this model alone
+    fresh = compile_whitened(*_decay_white(11, 0.1)[1]).model  # compiled for this model alone
     for (c1, v1, g1, d1), (c2, v2, g2, d2), (c0, v0, *_) in zip(_callbacks_at(reused, points),
                                                                 _callbacks_at(fresh, points),
                                                                 _callbacks_at(first, points)):
@@ -412,3 +450,5 @@ def test_a_nutpie_run_the_budget_stops_while_tuning_keeps_the_latter_half_of_its
     n = tree.posterior.sizes["draw"]
     assert 10 < n < 2500 and tree.posterior.sizes["chain"] == 2
     assert np.all(np.isfinite(tree.posterior["k"].values)) and not any(g.startswith("warmup") for g in tree.children)
+    # the trajectories, computed after sampling, for the tuning iterations kept too
+    assert tree.posterior["x"].sizes["draw"] == n and np.all(np.isfinite(tree.posterior["x"].values))

@@ -8,7 +8,8 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 
 - every :data:`POLL` seconds the leapfrog steps so far (nutpie's progress callback) go to
   ``spent``; once it says the budget is spent the run is aborted and keeps what it drew;
-- at fixed draw counts per chain (``draws``, then :data:`GROWTH` times the last), once the slowest
+- at fixed draw counts per chain (:func:`check_points`: ``draws``, then :data:`GROWTH` times the last, and
+  :data:`BETWEEN` counts between two of those), once the slowest
   chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and
   divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they pass, the run ends there. A check
   reads only the watched scalars and a few statistics (:func:`checked_draws`), not every draw's
@@ -49,9 +50,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -85,6 +88,12 @@ POLL = 0.1
 #: up) - each check on exactly that many draws of every chain, so that a run that passes returns the
 #: same draws whenever the checks happen (nutpie's chains are threads, each with its own random stream)
 GROWTH = 1.25
+#: further checks between two of those counts (geometrically spaced), since a check reads only a few scalars
+#: (:func:`checked_draws`; the trajectories are not in nutpie's trace): every count of GROWTH alone is still
+#: checked, so no run passes later than with those alone. Lotka-Volterra x2 observed, large noise, seed 3
+#: passes at 11403 draws per chain with GROWTH alone, and from 9900 on: one count between (10199) ends it
+#: 11 % sooner (benchmarks/RESULTS.md)
+BETWEEN = 1
 #: half-width of the uniform jitter of each chain's start in the whitened coordinates (nutpie's own: 1).
 #: Where the Laplace approximation is far wider than the posterior (a refined value on its bound, standard
 #: errors of 3 in log theta), a start 1 whitened sd out lies deep in a stiff tail: the chains' step sizes
@@ -134,8 +143,12 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     if whiten is None:
         with exact_math():
             compiled = nutpie.compile_pymc_model(model, initial_points=dict(start), backend="numba")
-    else:
-        compiled = compile_whitened(*whitened_model(model, *whiten), reuse=True)
+    else:  # the trace holds z and the free variables; the deterministics are computed after (add_after)
+        white, outputs = whitened_model(model, *whiten)
+        free = {rv.name for rv in model.free_RVs}
+        whitened = compile_whitened(white, [n for n in outputs if n in free],
+                                    after=[n for n in outputs if n not in free], reuse=True)
+        compiled = whitened.model
     n_tune = max(int(tune), 1)  # nutpie needs at least one tuning iteration
     steps, drawn = [0], [0]  # leapfrog steps of all chains; draws after tuning of the slowest chain
 
@@ -147,7 +160,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
                         seed=seed, save_warmup=True, progress_bar=False, blocking=False, progress_callback=progress,
                         progress_rate=int(POLL * 1000), target_accept=target_accept, maxdepth=max_treedepth,
                         adaptation=ADAPTATION, step_size_jitter=STEP_SIZE_JITTER)
-    check = int(draws)  # the next check: at this many draws of every chain
+    points = iter(check_points(int(draws), int(max_draws)))
+    check = next(points)  # the next check: at this many draws of every chain
     passed = None  # the draws that passed the check (the chains run on a little before the abort)
     check_seconds = 0.0  # how long the last check took (reading the trace grows with the draws)
     while not _finished(run) and passed is None:
@@ -163,14 +177,56 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
                 break
             if converged(so_far):
                 passed = so_far if not watched else equal_chains(_quietly(run.inspect), check)
-            check = int(np.ceil(check * GROWTH))
+            check = next(points, np.iinfo(np.int64).max)
             check_seconds = time.perf_counter() - began
     tree = _quietly(run.wait if _finished(run) else run.abort)
     spent(steps[0])
     out = passed if passed is not None else equal_chains(tree)
-    if whiten is not None and "observed_data" not in out.children:
-        out["observed_data"] = xr.DataTree(observed_data(model))  # the whitened model holds no data
+    if whiten is not None:
+        out = add_after(out, whitened, white, threads=min(chains, os.cpu_count() or 1))
+        if "observed_data" not in out.children:
+            out["observed_data"] = xr.DataTree(observed_data(model))  # the whitened model holds no data
     return out
+
+
+def add_after(tree: xr.DataTree, whitened: Whitened, white, threads: int = 1) -> xr.DataTree:
+    """``tree`` (nutpie's draws of ``white``: z and the kept variables) with the variables ``whitened.after``
+    of each draw (:meth:`Whitened.expand`), by ``white``'s dims and coords: in ``posterior``, and in
+    ``warmup_posterior`` where the draws after tuning are fewer than the tuning iterations (the caller may
+    then keep the tuning's latter half: :func:`pgpgm.posterior.nuts.run_nuts`)."""
+    if not whitened.after:
+        return tree
+    out = tree.copy()
+    coords = _coords(white)
+    n_post = tree["posterior"].sizes.get("draw", 0) if "posterior" in tree.children else 0
+    for group in ("posterior", "warmup_posterior"):
+        if group not in tree.children or WHITE not in tree[group].data_vars:
+            continue
+        if group != "posterior" and n_post >= tree[group].sizes.get("draw", 0):
+            continue
+        data = tree[group].to_dataset()
+        values = whitened.expand(np.asarray(data[WHITE], float), threads)
+        new = {}
+        for name, value in values.items():
+            dims = tuple(white.named_vars_to_dims.get(name) or (f"{name}_dim_{i}" for i in range(value.ndim - 2)))
+            new[name] = xr.DataArray(value, dims=("chain", "draw", *dims),
+                                     coords={d: coords[d] for d in dims if d in coords})
+        out[group] = xr.DataTree(data.assign(new))
+    return out
+
+
+def check_points(first: int, last: int) -> list[int]:
+    """The draw counts per chain at which the draws are checked, up to the first >= ``last``: ``first``, then
+    :data:`GROWTH` times the last of these (rounded up), with :data:`BETWEEN` more between two of them,
+    spaced geometrically (rounded; repeats dropped)."""
+    major = [max(int(first), 1)]
+    while major[-1] < last:
+        major.append(int(np.ceil(major[-1] * GROWTH)))
+    points = [major[0]]
+    for a, b in zip(major, major[1:]):
+        inner = np.rint(a * (b / a) ** (np.arange(1, BETWEEN + 1) / (BETWEEN + 1))).astype(int)
+        points += sorted({int(n) for n in inner if a < n < b}) + [b]
+    return points
 
 
 def observed_data(model) -> xr.Dataset:
@@ -251,14 +307,57 @@ def expand_c(dim, expanded, x_, out_, user_data_):
         out_[i] = values[i]
     return 0
 """
+#: the loop computing the variables kept out of the trace (``after``) at many draws z (n, d) into out (n, m)
+_AFTER_SOURCE = """
+def after_c(zs, buf, out):
+    for k in range(zs.shape[0]):
+        failed = False
+        try:
+            (values,) = core(zs[k]{args})
+        except Exception:  # the draw's variables cannot be computed: NaN
+            failed = True
+        for i in range({n_after}):
+            out[k, i] = np.nan if failed else values[i]
+    return 0
+"""
 #: part of the callbacks' cache key: a new value never loads callbacks compiled from an older template
 CALLBACK_VERSION = "1"
 
 
-def compile_whitened(white, keep: list[str], *, reuse: bool = False):
+@dataclasses.dataclass(frozen=True)
+class Whitened:
+    """:func:`compile_whitened`'s result: nutpie's compiled model ``model`` (its trace: z and the kept
+    variables) and what computes the variables ``after`` (shapes ``after_shapes``) from draws of z once
+    sampling has ended: ``loop(zs (n, d), buffer, out (n, m))``, numba-compiled, reading the data and the
+    whitening from ``model.user_data`` (None without such variables)."""
+
+    model: object
+    after: tuple[str, ...] = ()
+    after_shapes: tuple[tuple[int, ...], ...] = ()
+    loop: Callable | None = None
+
+    def expand(self, z: np.ndarray, threads: int = 1) -> dict[str, np.ndarray]:
+        """The ``after`` variables at the draws ``z`` (..., d) of the whitened coordinates: ``{name: (...,
+        *shape)}``, NaN for a draw where they cannot be computed; ``threads`` threads share the draws."""
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        flat = z.reshape(-1, z.shape[-1])
+        sizes = [int(np.prod(shape)) for shape in self.after_shapes]
+        out = np.full((flat.shape[0], sum(sizes)), np.nan)
+        if self.loop is not None and flat.shape[0]:
+            bounds = np.linspace(0, flat.shape[0], max(1, min(int(threads), flat.shape[0])) + 1).astype(int)
+            with ThreadPoolExecutor(len(bounds) - 1) as pool:
+                list(pool.map(lambda ab: self.loop(flat[ab[0]:ab[1]], self.model.user_data, out[ab[0]:ab[1]]),
+                              zip(bounds[:-1], bounds[1:])))
+        ends = np.cumsum([0, *sizes])
+        return {name: out[:, a:b].reshape(*z.shape[:-1], *shape)
+                for name, shape, a, b in zip(self.after, self.after_shapes, ends[:-1], ends[1:])}
+
+
+def compile_whitened(white, keep: Sequence[str], *, after: Sequence[str] = (), reuse: bool = False) -> Whitened:
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
-    of nutpie's signature. Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in every
+    of nutpie's signature; and the variables ``after``, computed from the kept draws' z once sampling has
+    ended (:meth:`Whitened.expand`). Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in every
     coordinate (nutpie's own jitter of z = 0 is U(-1, 1)).
 
     Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
@@ -277,25 +376,29 @@ def compile_whitened(white, keep: list[str], *, reuse: bool = False):
     ``user_data`` (:func:`compiled_for_structure`), and PyTensor's rewriting is skipped too (0.1-0.3 s
     instead of 2-8 s); its ``logp_func`` and ``expand_func`` then call the callbacks.
 
-    Returns a ``nutpie.compile_pymc.CompiledPyMCModel``.
+    Returns
+    -------
+    Whitened : nutpie's compiled model (``.model``, a ``nutpie.compile_pymc.CompiledPyMCModel``) and the
+    expansion of draws into the ``after`` variables
     """
     import pytensor.tensor as pt
     from pytensor.graph import clone_replace
 
+    keep, after = list(keep), list(after)
     if not reuse:
-        return _compile(white, keep)[0]
+        return _compile(white, keep, after)[0]
     z = white.rvs_to_values[white[WHITE]]
     x = pt.TensorType("float64", shape=z.type.shape)("x")
-    kept = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in keep])]
-    structure = graph_structure(clone_replace([white.logp(), *kept], {z: x}), x, keep)
+    kept = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in [*keep, *after]])]
+    structure = graph_structure(clone_replace([white.logp(), *kept], {z: x}), x, (tuple(keep), tuple(after)))
     try:
-        found = compiled_for_structure(ByStructure(structure, white, keep))
+        found = compiled_for_structure(ByStructure(structure, white, keep, after))
     except TypeError:  # an Op that cannot be hashed: compiled for this model alone
-        return _compile(white, keep)[0]
+        return _compile(white, keep, after)[0]
     if found[0] is structure.shared:  # compiled just now, for this model
         return found[1]
     reused = _with_shared_values(found, structure, coords=_coords(white), dims=dict(white.named_vars_to_dims))
-    return reused if reused is not None else _compile(white, keep)[0]
+    return reused if reused is not None else _compile(white, keep, after)[0]
 
 
 def _coords(white) -> dict:
@@ -309,14 +412,14 @@ def _coords(white) -> dict:
     return coords
 
 
-def _compile(white, keep: list[str]) -> tuple[object, dict]:
+def _compile(white, keep: list[str], after: list[str]) -> tuple[Whitened, dict]:
     """:func:`compile_whitened`'s work: the compiled model, and where its functions read each shared variable
     (compiled without fast-math flags: :func:`exact_math`)."""
     with exact_math():
-        return _compile_exactly(white, keep)
+        return _compile_exactly(white, keep, after)
 
 
-def _compile_exactly(white, keep: list[str]) -> tuple[object, dict]:
+def _compile_exactly(white, keep: list[str], after: list[str]) -> tuple[Whitened, dict]:
     import numba
     import pytensor
     import pytensor.tensor as pt
@@ -328,20 +431,23 @@ def _compile_exactly(white, keep: list[str]) -> tuple[object, dict]:
     n_dim = int(z.type.shape[0])
     x = pt.TensorType("float64", shape=(n_dim,))("x")
     logp = white.logp()
-    kept = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in keep])]
-    logp, grad, *kept = clone_replace([logp, pt.grad(logp, z), *kept], {z: x})
+    outputs = [pt.as_tensor(v) for v in white.replace_rvs_by_values([white[name] for name in [*keep, *after]])]
+    logp, grad, *outputs = clone_replace([logp, pt.grad(logp, z), *outputs], {z: x})
+    kept, later = outputs[:len(keep)], outputs[len(keep):]
     with white:
         logp_fn = compile_pymc([x], [logp, grad], mode="NUMBA")
         expand_fn = compile_pymc([x], [pt.concatenate([x, *[v.ravel() for v in kept]])], mode="NUMBA")
+        after_fn = compile_pymc([x], [pt.concatenate([v.ravel() for v in later])], mode="NUMBA") if later else None
     names = [WHITE, *keep]
-    shapes = [v.type.shape for v in kept]
+    shapes = [v.type.shape for v in outputs]
     if any(n is None for shape in shapes for n in shape):  # a length from the coords: known once evaluated
-        shapes = pytensor.function([x], [v.shape for v in kept], mode="FAST_COMPILE",
+        shapes = pytensor.function([x], [v.shape for v in outputs], mode="FAST_COMPILE",
                                    on_unused_input="ignore")(np.zeros(n_dim))
-    shapes = [(n_dim,), *[tuple(int(n) for n in shape) for shape in shapes]]
+    shapes = [tuple(int(n) for n in shape) for shape in shapes]
+    shapes, after_shapes = [(n_dim,), *shapes[:len(keep)]], shapes[len(keep):]
     ends = np.cumsum([int(np.prod(shape)) for shape in shapes])
     n_expanded = int(ends[-1])
-    buffer, where = _shared_layout([logp_fn, expand_fn])
+    buffer, where = _shared_layout([logp_fn, expand_fn, *([after_fn] if after_fn is not None else [])])
     types = numba.types
     pointer = types.CPointer(types.double)
     logp_cfunc = _callback(_LOGP_SOURCE, "logp_c", logp_fn, where, buffer.size,
@@ -353,13 +459,17 @@ def _compile_exactly(white, keep: list[str]) -> tuple[object, dict]:
     def initial_point(seed) -> np.ndarray:
         return np.random.default_rng(seed).uniform(-START_JITTER, START_JITTER, n_dim)
 
+    loop = None
+    if after_fn is not None:  # a loop over draws, not a callback: numba-compiled, without the GIL
+        loop = _callback(_AFTER_SOURCE, "after_c", after_fn, where, buffer.size, None,
+                         n_after=int(sum(int(np.prod(shape)) for shape in after_shapes)))
     compiled = CompiledPyMCModel(
         _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=_coords(white), _shapes=dict(zip(names, shapes)),
         compiled_logp_func=logp_cfunc, compiled_expand_func=expand_cfunc, initial_point_func=initial_point,
         shared_data={}, shared_var_keys={}, user_data=buffer, n_expanded=n_expanded,
         shape_info=(names, [slice(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends)], shapes),
         logp_func=logp_fn, expand_func=expand_fn, reparameterized_names=[])
-    return compiled, where
+    return Whitened(compiled, tuple(after), tuple(after_shapes), loop), where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,12 +527,12 @@ COMPILED_KEPT = 16
 
 
 class ByStructure:
-    """A whitened model (``white``, ``keep``: :func:`whitened_model`'s) to compile, equal to any other of
+    """A whitened model (``white``, ``keep``, ``after``: :func:`compile_whitened`'s) to compile, equal to any other of
     the same :class:`GraphStructure`: the key under which :func:`compiled_for_structure` keeps its compiled
     model. Hashing raises TypeError when an Op of the graph cannot be hashed (then nothing is kept)."""
 
-    def __init__(self, structure: GraphStructure, white, keep: list[str]):
-        self.structure, self.white, self.keep = structure, white, keep
+    def __init__(self, structure: GraphStructure, white, keep: list[str], after: list[str]):
+        self.structure, self.white, self.keep, self.after = structure, white, keep, after
 
     def __eq__(self, other) -> bool:
         return isinstance(other, ByStructure) and self.structure.key == other.structure.key
@@ -438,7 +548,7 @@ def compiled_for_structure(model: ByStructure) -> tuple[tuple, object, dict]:
     models of that structure - a second data set of a study, a fit on a worker that fitted such a model
     before, step 4's next round (a new whitening): the graph's shared variables in the structure's order,
     the compiled model, and where its functions read each shared variable (:func:`_shared_layout`)."""
-    compiled, where = _compile(model.white, model.keep)
+    compiled, where = _compile(model.white, model.keep, model.after)
     return model.structure.shared, compiled, where
 
 
@@ -446,7 +556,8 @@ def _with_shared_values(found: tuple, structure: GraphStructure, *, coords: dict
     """The kept compiled model ``found`` (:func:`compiled_for_structure`) with ``structure.shared``'s present
     values as its ``user_data`` and the given ``coords`` and ``dims``; its ``logp_func`` and ``expand_func``
     call its C callbacks. None when the kept functions read a shared variable the structure does not name."""
-    kept_shared, compiled, where = found
+    kept_shared, whitened, where = found
+    compiled = whitened.model
     if set(where) != set(kept_shared):
         return None
     buffer = np.zeros_like(compiled.user_data)
@@ -458,7 +569,8 @@ def _with_shared_values(found: tuple, structure: GraphStructure, *, coords: dict
         buffer[start:end] = value.ravel()
     reused = dataclasses.replace(compiled, user_data=buffer, _coords=coords, dims=dims)
     callbacks = _Callbacks(reused)
-    return dataclasses.replace(reused, logp_func=callbacks.logp, expand_func=callbacks.expand)
+    return dataclasses.replace(whitened, model=dataclasses.replace(reused, logp_func=callbacks.logp,
+                                                                   expand_func=callbacks.expand))
 
 
 class _Callbacks:
@@ -513,7 +625,7 @@ def _shared_layout(fns) -> tuple[np.ndarray, dict]:
 def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature, **sizes):
     """The C callback ``name`` of ``source`` around PyTensor function ``fn``'s jitted core (called with x
     and then ``fn``'s shared values, read from the buffer of :func:`_shared_layout` at ``where``),
-    compiled by numba for ``signature`` - and cached, under a key of PyTensor's key for ``fn`` and the
+    compiled by numba for ``signature`` (None: a jitted function that releases the GIL) - and cached, under a key of PyTensor's key for ``fn`` and the
     callback's source (its sizes and the shared values' places), where PyTensor caches ``fn``."""
     import numba
     from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
@@ -530,6 +642,8 @@ def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature,
     # __name__: numba rebuilds a cached function's globals from this (importable) module
     py_func = compile_numba_function_src(text, name, {"__name__": __name__, "numba": numba, "np": np, "core": core},
                                          cache_key=key)
+    if signature is None:
+        return numba.njit(nogil=True, cache=key is not None)(py_func)
     return numba.cfunc(signature, cache=key is not None)(py_func)
 
 
