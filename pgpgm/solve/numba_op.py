@@ -146,7 +146,7 @@ _SEED = """    for f in range({F}):  # d x(t0) / d x0_j = e_j for the j = {free}
         y0[{S} + ({P} + f) * {S} + {free}[f]] = 1.0"""
 
 _DOPRI5 = """        flag, _, t_reached = dopri5_kernel(symbol_address("{dp_rhs}"), {rtol!r}, {atol!r}, {max_steps}, {stiff_steps},
-                                           times, theta, y0, out, breaks)"""
+                                           {n_err}, times, theta, y0, out, breaks)"""
 
 _CVODE = """        flag, _, t_reached = cvode_solve(symbol_address("{c_rhs}"), symbol_address("{c_jac}"), {c_rtol!r}, {c_atol!r},
                                          {c_steps}, times, theta, y0, out, breaks, {half_band})"""
@@ -192,7 +192,8 @@ def generic_source(op: ODEOp) -> str | None:
     else:
         s = it.solver
         integrate = _DOPRI5.format(dp_rhs=f"pgpgm_{key}_dp_{aug}rhs", rtol=float(s.rtol), atol=float(s.atol),
-                                   max_steps=int(s.max_steps), stiff_steps=STIFF_STEPS if s.stiffness else 0)
+                                   max_steps=int(s.max_steps), stiff_steps=STIFF_STEPS if s.stiffness else 0,
+                                   n_err=S if op.sensitivities and not s.control_sensitivities else n)
         if cvode is not None:
             integrate += "\n" + _FALLBACK + run_cvode.replace("\n", "\n    ")
     failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
