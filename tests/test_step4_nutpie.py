@@ -401,8 +401,9 @@ def test_a_model_of_a_compiled_structure_reuses_its_callbacks_with_its_own_data(
             for _ in range(runs):
                 tree = sample_posterior(model, {"k": 0.8, "x_0": 2.0}, {"k": 0.05, "x_0": SD}, **kw)
             assert counts() == (runs - 1, 1)
-            draws.append(tree.posterior["k"].values)
-    np.testing.assert_array_equal(draws[0], draws[1])
+            draws.append((tree.posterior["k"].values, tree.posterior["x"].values))
+    np.testing.assert_array_equal(draws[0][0], draws[1][0])
+    np.testing.assert_array_equal(draws[0][1], draws[1][1])  # the trajectories after sampling: its own data
 
 
 def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():

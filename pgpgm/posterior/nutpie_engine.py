@@ -362,8 +362,8 @@ def compile_whitened(white, keep: Sequence[str], *, after: Sequence[str] = (), r
     """nutpie's compiled model of :func:`whitened_model`'s ``white``: its log density and gradient in z,
     and z followed by the variables ``keep`` (flattened, in that order) for the trace, each a C callback
     of nutpie's signature; and the variables ``after``, computed from the kept draws' z once sampling has
-    ended (:meth:`Whitened.expand`). Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in every
-    coordinate (nutpie's own jitter of z = 0 is U(-1, 1)).
+    ended (:meth:`Whitened.expand`). Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in
+    every coordinate (nutpie's own jitter of z = 0 is U(-1, 1)).
 
     Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
     figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
@@ -532,9 +532,9 @@ COMPILED_KEPT = 16
 
 
 class ByStructure:
-    """A whitened model (``white``, ``keep``, ``after``: :func:`compile_whitened`'s) to compile, equal to any other of
-    the same :class:`GraphStructure`: the key under which :func:`compiled_for_structure` keeps its compiled
-    model. Hashing raises TypeError when an Op of the graph cannot be hashed (then nothing is kept)."""
+    """A whitened model (``white``, ``keep``, ``after``: :func:`compile_whitened`'s) to compile, equal to any
+    other of the same :class:`GraphStructure`: the key under which :func:`compiled_for_structure` keeps its
+    compiled model. Hashing raises TypeError when an Op of the graph cannot be hashed (then nothing is kept)."""
 
     def __init__(self, structure: GraphStructure, white, keep: list[str], after: list[str]):
         self.structure, self.white, self.keep, self.after = structure, white, keep, after
@@ -630,8 +630,9 @@ def _shared_layout(fns) -> tuple[np.ndarray, dict]:
 def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature, **sizes):
     """The C callback ``name`` of ``source`` around PyTensor function ``fn``'s jitted core (called with x
     and then ``fn``'s shared values, read from the buffer of :func:`_shared_layout` at ``where``),
-    compiled by numba for ``signature`` (None: a jitted function that releases the GIL) - and cached, under a key of PyTensor's key for ``fn`` and the
-    callback's source (its sizes and the shared values' places), where PyTensor caches ``fn``."""
+    compiled by numba for ``signature`` (None: a jitted function that releases the GIL) - and cached, under
+    a key of PyTensor's key for ``fn`` and the callback's source (its sizes and the shared values' places),
+    where PyTensor caches ``fn``."""
     import numba
     from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 

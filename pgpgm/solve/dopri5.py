@@ -314,12 +314,13 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span, n_err):
 
 
 @numba.njit(cache=True)
-def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff_steps, stiff, n_err):
+def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff_steps, stiff,
+             n_err):
     """Steps from (t, y) with k[0] = f(t, y) to ``target`` (<= ``end``, the piece's end), the last
     step cut to land on it; ``h`` is the proposed step (negative: choose a first one).
     ``stiff_steps`` is the stiffness test's limit (0: no test; :data:`STIFF_STEPS`), ``stiff`` the
-    solve's count of steps bounded by stability so far; ``n_err`` as :func:`_step`. Returns ``(flag, t, h, stiff)``: flag 0
-    (t == target; a gap within rounding counts as reached), :data:`TOO_MUCH_WORK` after
+    solve's count of steps bounded by stability so far; ``n_err`` as :func:`_step`. Returns
+    ``(flag, t, h, stiff)``: flag 0 (t == target; a gap within rounding counts as reached), :data:`TOO_MUCH_WORK` after
     ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`; ``stiff`` the count after."""
     n = y.shape[0]
     steps = 0
