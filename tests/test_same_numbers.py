@@ -13,9 +13,7 @@ refined point and likelihood as they were and gave FitzHugh-Nagumo's step-4 chai
 their first tuning iterations on; and when step 4's solves came to run at rtol 1e-6
 (``pgpgm.NUTS(rtol=...)``), which again changed FitzHugh-Nagumo's step-4 draws only; and when the ODE Op's
 vector-Jacobian product became an elementwise product and sum instead of a tensordot (BLAS sums in
-another order: step 4's draws), on an Intel Xeon (the file before: an AMD EPYC); and when DOPRI5 came to
-measure a step's error on the states only (``DOPRI5(control_sensitivities=False)``: step 4's solves take the
-plain solve's steps; FitzHugh-Nagumo's step-4 draws only). Regenerate the file only for a change that is meant to change
+another order: step 4's draws), on an Intel Xeon (the file before: an AMD EPYC). Regenerate the file only for a change that is meant to change
 numbers (``python tests/test_same_numbers.py``), and say so in the commit.
 """
 

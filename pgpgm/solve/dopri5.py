@@ -89,16 +89,17 @@ class DOPRI5(Solver):
         steps where they are cheap, CVODE where the posterior reaches stiff values.
     stiffness : end a solve whose steps are bounded by stability with the flag ``STIFF`` (see the
         module's notes); False (default): crawl on to ``max_steps``
-    control_sensitivities : whether a solve with sensitivities counts them in each step's error (False,
-        default: the states only, as CVODES's default ``errconS``). The sensitivities are then Runge-Kutta's
-        derivative of the computed solution at its own steps (the same stages, linearised), so the gradient
-        is that of the computed log density between step-size changes; on Lotka-Volterra x2 observed,
-        step 4's solves took ~20 % less time for as many leapfrog steps (benchmarks/RESULTS.md)
+    control_sensitivities : whether a solve with sensitivities counts them in each step's error (True,
+        default). False: the states only (as CVODES's default ``errconS``): the solve takes the plain solve's
+        steps and its sensitivities are Runge-Kutta's derivative of that computed solution at those steps -
+        step 4's gradients ~20 % cheaper on Lotka-Volterra, but on the hardest posteriors measured (Lotka-
+        Volterra x1 with lognormal noise, or with x2(0) unknown) more divergences and sds 14-19 % off an
+        independent reference, so not step 4's default (benchmarks/RESULTS.md)
     """
 
     fallback: Solver | None = None
     stiffness: bool = False
-    control_sensitivities: bool = False
+    control_sensitivities: bool = True
     name: ClassVar[str] = "dopri5"
 
     def __post_init__(self):
