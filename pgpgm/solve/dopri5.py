@@ -107,6 +107,11 @@ class DOPRI5(Solver):
         if self.fallback is not None and self.fallback.name != "cvode":
             raise DataError(f"DOPRI5's fallback must be a pgpgm.CVODE() (or None), got {self.fallback!r}")
 
+    def error_components(self, n_states: int, size: int, augmented: bool) -> int:
+        """How many leading components of a solve of ``size`` equations count in each step's error: all, or
+        the ``n_states`` states of a solve with sensitivities when :attr:`control_sensitivities` is False."""
+        return int(n_states) if augmented and not self.control_sensitivities else int(size)
+
     def engine(self, system: ODESystem, size: int, augmented: bool) -> Dopri5Engine:
         return Dopri5Engine.for_system(system, size, augmented, self)
 
@@ -137,8 +142,8 @@ class Dopri5Engine:
         """The engine of ``system`` (``aug``: the sensitivity system with ``n`` states)."""
         addresses, module = dopri5_callbacks(system.compiled)
         fallback = None if solver.fallback is None else solver.fallback.engine(system, n, aug)
-        n_err = system.n_states if aug and not solver.control_sensitivities else int(n)
-        return cls(addresses["aug_rhs" if aug else "rhs"], int(n), n_err, solver, module, fallback)
+        return cls(addresses["aug_rhs" if aug else "rhs"], int(n), solver.error_components(system.n_states, n, aug),
+                   solver, module, fallback)
 
     def solve(self, times, theta, y0, breaks=None) -> np.ndarray:
         """States (N, n) at ``times`` (N,) from ``y0`` (n,) at ``times[0]``, stopping and restarting
@@ -321,8 +326,9 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
     step cut to land on it; ``h`` is the proposed step (negative: choose a first one).
     ``stiff_steps`` is the stiffness test's limit (0: no test; :data:`STIFF_STEPS`), ``stiff`` the
     solve's count of steps bounded by stability so far; ``n_err`` as :func:`_step`. Returns
-    ``(flag, t, h, stiff)``: flag 0 (t == target; a gap within rounding counts as reached), :data:`TOO_MUCH_WORK` after
-    ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`; ``stiff`` the count after."""
+    ``(flag, t, h, stiff)``: flag 0 (t == target; a gap within rounding counts as reached),
+    :data:`TOO_MUCH_WORK` after ``max_steps`` trial steps, :data:`STEP_TOO_SMALL` or :data:`STIFF`; ``stiff``
+    the count after."""
     n = y.shape[0]
     steps = 0
     while t < target:
@@ -364,17 +370,15 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
 def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, n_err, times, theta, y0, out, breaks):
     """The compiled Dormand-Prince solve (cached on disk by numba; callable from numba code).
 
-    ``dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, n_err, times, theta, y0, out, breaks)`` integrates the
-    system
-    whose right-hand-side callback (:func:`dopri5_callbacks`) is at address ``rhs`` from ``y0`` (n,) at
+    ``dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, n_err, times, theta, y0, out, breaks)`` integrates
+    the system whose right-hand-side callback (:func:`dopri5_callbacks`) is at address ``rhs`` from ``y0`` (n,) at
     ``times[0]`` with parameters ``theta`` (P,), writes the states at ``times`` (N,) into ``out`` (N, n)
     and returns ``(flag, index, t)``: flag 0 on success, else :data:`TOO_MUCH_WORK`,
     :data:`STEP_TOO_SMALL`, :data:`STIFF` (after ``stiff_steps`` steps at the stability boundary; 0: no
     test) or :data:`NON_FINITE`; each step's error is measured on the first ``n_err`` components (the
     states of a solve with sensitivities: :attr:`DOPRI5.control_sensitivities`); ``index`` the output time
-    being computed when it
-    stopped; ``t`` the time reached. ``breaks`` (B,), sorted and strictly inside the span: see the
-    module's notes. A step whose right-hand side fails (a non-finite value) is retried at a quarter
+    being computed when it stopped; ``t`` the time reached. ``breaks`` (B,), sorted and strictly inside the
+    span: see the module's notes. A step whose right-hand side fails (a non-finite value) is retried at a quarter
     of its size.
     """
     n, N, P = y0.shape[0], times.shape[0], theta.shape[0]

@@ -193,7 +193,7 @@ def generic_source(op: ODEOp) -> str | None:
         s = it.solver
         integrate = _DOPRI5.format(dp_rhs=f"pgpgm_{key}_dp_{aug}rhs", rtol=float(s.rtol), atol=float(s.atol),
                                    max_steps=int(s.max_steps), stiff_steps=STIFF_STEPS if s.stiffness else 0,
-                                   n_err=S if op.sensitivities and not s.control_sensitivities else n)
+                                   n_err=s.error_components(S, n, op.sensitivities))
         if cvode is not None:
             integrate += "\n" + _FALLBACK + run_cvode.replace("\n", "\n    ")
     failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
