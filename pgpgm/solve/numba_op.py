@@ -88,7 +88,7 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
 #: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 10
+CODE_VERSION = 11
 
 
 def cache_key(op: ODEOp) -> str:
@@ -146,7 +146,7 @@ _SEED = """    for f in range({F}):  # d x(t0) / d x0_j = e_j for the j = {free}
         y0[{S} + ({P} + f) * {S} + {free}[f]] = 1.0"""
 
 _DOPRI5 = """        flag, _, t_reached = dopri5_kernel(symbol_address("{dp_rhs}"), {rtol!r}, {atol!r}, {max_steps}, {stiff_steps},
-                                           {n_err}, times, theta, y0, out, breaks)"""
+                                           {n_err}, {dense}, times, theta, y0, out, breaks)"""
 
 _CVODE = """        flag, _, t_reached = cvode_solve(symbol_address("{c_rhs}"), symbol_address("{c_jac}"), {c_rtol!r}, {c_atol!r},
                                          {c_steps}, times, theta, y0, out, breaks, {half_band})"""
@@ -193,7 +193,7 @@ def generic_source(op: ODEOp) -> str | None:
         s = it.solver
         integrate = _DOPRI5.format(dp_rhs=f"pgpgm_{key}_dp_{aug}rhs", rtol=float(s.rtol), atol=float(s.atol),
                                    max_steps=int(s.max_steps), stiff_steps=STIFF_STEPS if s.stiffness else 0,
-                                   n_err=s.error_components(S, n, op.sensitivities))
+                                   n_err=s.error_components(S, n, op.sensitivities), dense=bool(s.dense_output))
         if cvode is not None:
             integrate += "\n" + _FALLBACK + run_cvode.replace("\n", "\n    ")
     failed = f"{it.solver.name.upper()} failed in ODEOp (flag, time reached):"
