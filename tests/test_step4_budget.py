@@ -309,7 +309,9 @@ def test_chains_in_one_process_share_the_budget():
                                 progressbar=False, budget=PosteriorBudget(None, 8000))
     assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
     spent = json.loads(tree.attrs["pgpgm_budget"])
-    assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 8000 + 4 * 1023
+    # nutpie reports its steps every 0.1 s and the run stops at the first report past the budget: on this
+    # model ~3000-7000 gradients a report (more where the solve is cheaper), so the stop comes within two of them
+    assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 2 * 8000 + 4 * 1023
 
 
 def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):

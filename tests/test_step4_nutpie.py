@@ -111,11 +111,12 @@ def test_a_check_reads_the_same_draws_as_the_whole_trace():
 
 
 def test_no_check_is_begun_that_would_end_past_the_time_budget():
-    """Each convergence check reads nutpie's whole trace while the chains sample (0.8-3.3 s on
-    Lotka-Volterra; one begun at 58 s of a 60 s budget ended at 61.5 s). With 0.1 s left all along and
-    checks that take 0.3 s, only the first is begun (nothing known of their time before it); with no
-    time limit every check point the run reaches is checked. The gradient budget ends both runs. The
-    budget is asked whether it is spent with the seconds that ending takes (reading the trace back: the
+    """Each convergence check reads nutpie's trace while the chains sample (0.8-3.3 s on Lotka-Volterra when it
+    read the whole trace; one begun at 58 s of a 60 s budget ended at 61.5 s). With 0.1 s left all along and
+    checks that take 0.3 s, only the first is begun (nothing known of their time before it). Checks that lag
+    behind the chains are not run one after another past a spent gradient budget (before: 60 checks and 80000
+    draws per chain on a budget of 8000 gradients); with no limit every check point the run reaches is checked.
+    The budget is asked whether it is spent with the seconds that ending takes (reading the trace back: the
     last check's duration, 0 before the first), so that the run ends within it."""
     import time
 
@@ -124,29 +125,31 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
     model, center, sd = _decay_model()
     aheads = []
 
-    def spent(steps, ahead=0.0):
-        aheads.append(ahead)
-        return steps >= 8_000
-
-    def run(seconds_left):
+    def run(seconds_left, gradients, max_draws, pause):
         calls = []
+
+        def spent(steps, ahead=0.0):
+            aheads.append(ahead)
+            return steps >= gradients
 
         def converged(so_far):
             calls.append(int(so_far.posterior.sizes["draw"]))
-            time.sleep(0.3)
+            time.sleep(pause)
             return False
 
         tree = sample_nutpie(model, center, draws=100, tune=100, chains=2, seed=1, target_accept=0.9,
-                             max_treedepth=10, max_draws=100_000, spent=spent,
+                             max_treedepth=10, max_draws=max_draws, spent=spent,
                              converged=converged, seconds_left=seconds_left,
                              whiten=(np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])))
         return calls, int(tree.posterior.sizes["draw"])
 
-    few, n_few = run(lambda: 0.1)
-    many, _ = run(None)
+    few, n_few = run(lambda: 0.1, 8_000, 100_000, 0.3)
     assert few == [100] and n_few > 100  # one check; the draws up to the end are returned
+    assert aheads[0] == 0.0 and 0.3 <= max(aheads) < 5.0  # the check slept 0.3 s
+    lagging, n_lagging = run(None, 8_000, 100_000, 0.3)
+    assert len(lagging) <= 5 and n_lagging < 20_000
+    many, _ = run(None, 10**9, 1_000, 0.0)
     assert len(many) >= 3 and many[:3] == check_points(100, 1000)[:3] == [100, 112, 125]
-    assert aheads[0] == 0.0 and 0.3 <= max(aheads) < 5.0  # each check slept 0.3 s
 
 
 def test_the_checks_keep_every_count_of_growth_alone_and_add_counts_between():

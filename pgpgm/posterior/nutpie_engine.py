@@ -176,6 +176,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
         while passed is None and check <= min(drawn[0], max_draws):
             if seconds_left is not None and seconds_left() < 2 * check_seconds:
                 break  # it, and reading the trace back after it, would end past the budget
+            if spent(steps[0], check_seconds):
+                break  # the budget ran out while the checks before it ran (the loop above ends the run)
             began = time.perf_counter()
             so_far = checked_draws(run, watched, check) if watched else equal_chains(_quietly(run.inspect), check)
             if so_far is None or so_far.posterior.sizes["draw"] < check:  # the progress report ran ahead
