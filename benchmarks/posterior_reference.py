@@ -17,7 +17,9 @@ priors and Normal likelihood. The reference runs ``--chains`` chains (default 4)
 matrix, started at the simulation's true values; its own R-hat and ESS (numpyro.diagnostics).
 
 Per free variable: pgpgm's and the reference's mean and sd, |mean difference| / reference sd
-(target <= 0.1), sd ratio pgpgm / reference (target 0.9-1.1). Wall times: pgpgm's step 4 (its
+(target <= 0.1), sd ratio pgpgm / reference (target 0.9-1.1). ``--fit-seeds 1,2`` adds pgpgm fits of other seeds
+(the same data, other chains) against the same reference, one set of rows each (``fit_seed``): on a posterior
+whose tail is entered through rising curvature, whether a fit's draws reach it is chance. Wall times: pgpgm's step 4 (its
 ``run_nuts`` call, compilation included) and whole fit; numpyro's sampling (4 x the median chain
 after the first) and whole (every chain, the first one's compilation included).
 
@@ -56,8 +58,10 @@ def case_setup(key: str) -> tuple[harness.Published, dict[str, Any]]:
     raise SystemExit(f"unknown case {key!r}: use {CASES}")
 
 
-def fit_captured(case: harness.Published, extra: dict[str, Any], budget) -> tuple[Any, Any, float, float]:
-    """``(result, step-4 pm.Model, step-4 seconds, whole fit seconds)`` of ``pgpgm.fit``."""
+def fit_captured(case: harness.Published, extra: dict[str, Any], budget,
+                 seed: int | None = None) -> tuple[Any, Any, float, float]:
+    """``(result, step-4 pm.Model, step-4 seconds, whole fit seconds)`` of ``pgpgm.fit`` (``seed``: the fit's
+    seed; None: its default)."""
     module = harness.private("pgpgm.pipeline")
     real, got = module.run_nuts, {}
 
@@ -71,6 +75,8 @@ def fit_captured(case: harness.Published, extra: dict[str, Any], budget) -> tupl
     module.run_nuts = capture
     try:
         kw = dict(extra) if budget == "default" else {**extra, "posterior_budget": budget}
+        if seed is not None:
+            kw["seed"] = seed
         t0 = time.perf_counter()
         result = case.fit(**kw)
         whole = time.perf_counter() - t0
@@ -208,6 +214,31 @@ def run_reference(key: str, numbers: dict[str, Any], parameters: list[str], star
 # ------------------------------------------------------------------------------------------
 # one case
 # ------------------------------------------------------------------------------------------
+def _rows(key: str, fit_seed: str, result, numbers: dict[str, Any], ref: dict[str, Any],
+          step4_s: float) -> list[dict[str, Any]]:
+    """One row per free variable: pgpgm's fit (of seed ``fit_seed``) against the reference's draws."""
+    post = result.posterior.posterior
+    diag = result.diagnostics
+    draws = int(post.sizes["draw"])
+    rows = []
+    for name in numbers["free"]:
+        p = np.asarray(post[name].values, float).ravel()
+        r = ref["samples"][name].ravel()
+        pm_, psd, rm, rsd = p.mean(), p.std(ddof=1), r.mean(), r.std(ddof=1)
+        try:
+            pgpgm_rhat = float(diag["rhat"].sel(sampler="posterior", variable=name))
+            pgpgm_ess = float(diag["ess_bulk"].sel(sampler="posterior", variable=name))
+        except (KeyError, TypeError, ValueError):
+            pgpgm_rhat = pgpgm_ess = float("nan")
+        rows.append({"case": key, "fit_seed": fit_seed, "variable": name, "pgpgm_mean": pm_, "ref_mean": rm,
+                     "pgpgm_sd": psd, "ref_sd": rsd, "abs_mean_diff_over_ref_sd": abs(pm_ - rm) / rsd,
+                     "sd_ratio": psd / rsd, "mean_ok": bool(abs(pm_ - rm) / rsd <= 0.1),
+                     "sd_ok": bool(abs(psd / rsd - 1) <= 0.1), "pgpgm_rhat": pgpgm_rhat, "pgpgm_ess_bulk": pgpgm_ess,
+                     "pgpgm_draws_per_chain": draws, "pgpgm_step4_s": step4_s,
+                     "ref_rhat": float(ref["diag"][name]["r_hat"]), "ref_ess": float(ref["diag"][name]["n_eff"])})
+    return rows
+
+
 def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     case, extra = case_setup(key)
     print(f"{key}: pgpgm.fit (posterior_budget={args.budget}) ...", flush=True)
@@ -215,7 +246,6 @@ def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     numbers = model_numbers(model)
     parameters = [p for p in case.spec.system.parameters if p not in extra.get("fixed", {})]
     post = result.posterior.posterior
-    diag = result.diagnostics
     print(f"  pgpgm: step 4 {step4_s:.1f} s, whole fit {fit_s:.1f} s; free {numbers['free']}", flush=True)
     # the reference starts at the simulation's truth (theta, x0) and the noise priors' centres
     truth = dict(zip(case.spec.system.parameters, np.asarray(case.data.attrs["theta"], float)))
@@ -234,21 +264,11 @@ def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             start[name] = params[0]
     ref = run_reference(key, numbers, parameters, start, chains=args.chains, warmup=args.warmup, draws=args.draws,
                         seed=args.seed, target_accept=args.target_accept)
-    rows = []
-    for name in numbers["free"]:
-        p = np.asarray(post[name].values, float).ravel()
-        r = ref["samples"][name].ravel()
-        pm_, psd, rm, rsd = p.mean(), p.std(ddof=1), r.mean(), r.std(ddof=1)
-        try:
-            pgpgm_rhat = float(diag["rhat"].sel(sampler="posterior", variable=name))
-            pgpgm_ess = float(diag["ess_bulk"].sel(sampler="posterior", variable=name))
-        except (KeyError, TypeError, ValueError):
-            pgpgm_rhat = pgpgm_ess = float("nan")
-        rows.append({"case": key, "variable": name, "pgpgm_mean": pm_, "ref_mean": rm, "pgpgm_sd": psd, "ref_sd": rsd,
-                     "abs_mean_diff_over_ref_sd": abs(pm_ - rm) / rsd, "sd_ratio": psd / rsd,
-                     "mean_ok": bool(abs(pm_ - rm) / rsd <= 0.1), "sd_ok": bool(abs(psd / rsd - 1) <= 0.1),
-                     "pgpgm_rhat": pgpgm_rhat, "pgpgm_ess_bulk": pgpgm_ess,
-                     "ref_rhat": float(ref["diag"][name]["r_hat"]), "ref_ess": float(ref["diag"][name]["n_eff"])})
+    rows = _rows(key, "default", result, numbers, ref, step4_s)
+    for fit_seed in args.fit_seeds:  # the same data, other chains: how much of a verdict is the draws' chance
+        print(f"  pgpgm.fit(seed={fit_seed}) ...", flush=True)
+        other, _, other_s, _ = fit_captured(case, extra, args.budget, seed=fit_seed)
+        rows += _rows(key, str(fit_seed), other, numbers, ref, other_s)
     n_pgpgm = int(np.asarray(post[parameters[0]].values).size)
     timing = {"case": key, "budget": str(args.budget), "pgpgm_step4_s": step4_s, "pgpgm_fit_s": fit_s,
               "pgpgm_draws": n_pgpgm, "ref_sampling_s": ref["sampling_s"], "ref_whole_s": ref["whole_s"],
@@ -284,12 +304,15 @@ def main() -> int:
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-accept", type=float, default=0.8, help="the reference's NUTS target acceptance")
+    ap.add_argument("--fit-seeds", default="",
+                    help="comma-separated seeds of further pgpgm fits of the same data against the same reference")
     ap.add_argument("--from-partial", action="store_true",
                     help="write the result files from results/OUT.partial.jsonl (the cases a cut run finished)")
     args = ap.parse_args()
     if args.from_partial:
         return write_partial(args.out)
     args.budget = None if args.budget == "none" else ("default" if args.budget == "default" else float(args.budget))
+    args.fit_seeds = [int(x) for x in args.fit_seeds.split(",") if x.strip()]
     try:
         import diffrax
         import jax
