@@ -474,18 +474,16 @@ def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, n_err, dense, times, 
         last = index  # the output times of this piece: index .. last - 1
         while last < N and times[last] <= end:
             last += 1
+        # dense: on to the piece's end, writing its output times on the way; else: on to each output time
         while index < last or (dense and t < end):
-            # dense: on to the piece's end, writing the output times on the way; else: on to the next output time
-            target = end if dense else times[index]
-            flag, t, h, stiff, index = _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
-                                                stiff_steps, stiff, n_err, times, index, last, out)
+            flag, t, h, stiff, index = _advance(rhs, t, end if dense else times[index], h, end, y, k, ytmp, ysti, p,
+                                                rtol, atol, max_steps, stiff_steps, stiff, n_err, times, index, last,
+                                                out)
             if flag != 0:
                 return flag, index, t
             index = _hold(y, t, times, index, last, out)
             if index < 0:
                 return NON_FINITE, -1 - index, t
-            if dense:
-                break
         if piece < B:
             flag, t, h, stiff, index = _advance(rhs, t, end, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
                                                 stiff_steps, stiff, n_err, times, index, index, out)
