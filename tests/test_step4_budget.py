@@ -94,7 +94,8 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
     """Further rounds raise target_accept halfway to 1 (0.9 -> 0.95 -> 0.975) but not above 0.99 (0.98 ->
     0.99 -> 0.99, not 0.995, 0.9975, ... which shrank the step size without bound), at tree depth 10. The
     checks are made to fail every round here (``problems`` patched) so that three rounds run (PyMC's
-    engine: nutpie, the default where every value variable is a scalar, runs no rounds)."""
+    engine: nutpie, the default where every value variable is a scalar, runs no rounds but one further run,
+    at 0.99, for divergences)."""
     import pgpgm.posterior.nuts as posterior
 
     made, funcs, compiled = [], [], []

@@ -456,3 +456,46 @@ def test_a_nutpie_run_the_budget_stops_while_tuning_keeps_the_latter_half_of_its
     assert np.all(np.isfinite(tree.posterior["k"].values)) and not any(g.startswith("warmup") for g in tree.children)
     # the trajectories, computed after sampling, for the tuning iterations kept too
     assert tree.posterior["x"].sizes["draw"] == n and np.all(np.isfinite(tree.posterior["x"].values))
+
+
+def _funnel():
+    """Neal's funnel: v ~ Normal(0, 1.5), x ~ Normal(0, exp(v)) - NUTS at the adapted step size diverges in
+    its neck (v well below 0)."""
+    import pymc as pm
+
+    with pm.Model() as model:
+        v = pm.Normal("v", 0.0, 1.5)
+        pm.Normal("x", 0.0, pm.math.exp(v))
+    return model, {"v": 0.0, "x": 0.0}, {"v": 1.5, "x": 1.0}
+
+
+def test_divergences_in_draws_that_pass_bring_one_run_at_the_highest_target_where_the_budget_affords_it():
+    """The funnel's first run (target 0.9) passes R-hat and ESS with divergences: one more run at
+    TARGET_ACCEPT_MAX (smaller steps) follows and its draws, passing too, are the result (round 2 kept); v's
+    marginal is Normal(0, 1.5). With a gradient budget of twice the first run's, which cannot afford
+    DIVERGENCE_RUN_COST times it, the first run's draws are the result and the warning names the divergences."""
+    from pgpgm.posterior.nuts import DIVERGENCE_RUN_COST, TARGET_ACCEPT_MAX
+
+    model, center, sd = _funnel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        tree = sample_posterior(model, center, sd, draws=500, tune=500, chains=4, seed=2, progressbar=False,
+                                nuts_sampler="nutpie")
+    assert tree.attrs["pgpgm_rounds"] == 2 and json.loads(tree.attrs["pgpgm_kept_rounds"]) == [2]
+    problems = json.loads(tree.attrs["pgpgm_round_problems"])
+    assert len(problems) == 1 and "divergent transitions" in problems[0][-1]
+    first, second = json.loads(tree.attrs["pgpgm_round_gradient_evaluations"])
+    diag = diagnose(tree, ["v", "x"])
+    assert float(diag["rhat"].max()) <= 1.01 and float(np.minimum(diag["ess_bulk"], diag["ess_tail"]).min()) >= 400
+    v = tree.posterior["v"].values
+    assert abs(v.mean()) < 0.3 and 1.2 < v.std() < 1.8
+    # the higher target's steps are smaller: more leapfrog steps per draw than the first run's
+    n_first, n_second = json.loads(tree.attrs["pgpgm_round_draws"])
+    assert second / n_second > first / n_first
+    assert TARGET_ACCEPT_MAX == 0.99 and DIVERGENCE_RUN_COST > 1
+
+    with pytest.warns(ConvergenceWarning, match="divergent transitions"):
+        alone = sample_posterior(model, center, sd, draws=500, tune=500, chains=4, seed=2, progressbar=False,
+                                 nuts_sampler="nutpie", budget=PosteriorBudget(None, 2 * first))
+    assert alone.attrs["pgpgm_rounds"] == 1 and alone.posterior.sizes["draw"] == n_first
+    assert int(alone.sample_stats["diverging"].sum()) > 0

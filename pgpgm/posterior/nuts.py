@@ -990,8 +990,11 @@ def run_nuts(
         adaptation (:data:`pgpgm.posterior.nutpie_engine.ADAPTATION`); instead of rounds, one run of up to
         ``draws * 2 ** (max_rounds - 1)`` draws per chain (``draws`` where PyMC's rounds would not run a
         second round: one chain, or fewer than ``2 * ESS_MIN`` draws in all) that ends once R-hat
-        and ESS pass (divergences are counted, not waited out), the chains sit in separate modes, or the
-        budget is spent - the same budget, result and warnings as ``"pymc"``.
+        and ESS pass, the chains sit in separate modes, or the budget is spent - the same budget, result and
+        warnings as ``"pymc"``. Where the draws that pass hold divergences and the budget left affords
+        :data:`DIVERGENCE_RUN_COST` times that run, one more runs at :data:`TARGET_ACCEPT_MAX` (smaller steps, into
+        the regions where the first diverged) and its draws replace the first's when they pass too (as PyMC's
+        round for divergences does; not with ``max_rounds=1``): ``pgpgm_rounds`` = 2.
         ``tree.attrs["pgpgm_sampler"]`` names the engine that ran
     target_accept : NUTS step-size target of the first round
     max_rounds : with ``"pymc"``, run at most this many rounds of ``tune + draws`` per chain.
@@ -1077,29 +1080,8 @@ def run_nuts(
         raise DataError("starts (one point per chain) need nuts_sampler='pymc' or 'auto': nutpie starts every "
                         "chain around center")
     if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
-        start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
-
-        def spent(steps: int, ahead: float = 0.0) -> bool:
-            meter.gradients = steps
-            return bool(meter.check(ahead))
-
-        def converged(so_far) -> bool:
-            diag = diagnose(so_far, names)
-            return not mixing_problems(diag) or bool(find_modes(so_far, names))
-
-        whiten = None
-        if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
-            mean, matrix, _ = seed_metric(space, center, sd, covariance)
-            whiten = (mean, matrix)
-        extends = _may_extend(chains, draws)  # more draws than asked for only where PyMC's rounds would run them
-        tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed,
-                             target_accept=target_accept, max_treedepth=MAX_TREEDEPTH,
-                             max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
-                             converged=converged,
-                             whiten=whiten, seconds_left=meter.seconds_left, watched=names)
-        tree = _kept_draws(tree, stopped=bool(meter.exhausted))  # stopped while tuning: its latter half
-        n = int(tree.posterior.sizes["draw"])
-        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
+        return _run_nutpie(model, center, sd, covariance, meter, space, names, draws=draws, tune=tune, chains=chains,
+                           seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn)
     if starts is None:
         starts = dispersed_starts(space, center, sd, chains, rng)
     else:
@@ -1159,6 +1141,65 @@ def run_nuts(
     if passed is not None and mixing_problems(diagnose(tree, names)):
         tree, kept = passed  # the round that was to remove the divergences did not pass R-hat and ESS
     return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn, "pymc")
+
+
+#: a nutpie run whose draws pass R-hat and ESS with divergences is followed by one run at
+#: :data:`TARGET_ACCEPT_MAX` (PyMC's engine raises the target round by round), whose draws replace the first
+#: run's when they pass too - where the budget left is at least this many times what the first run took (the
+#: higher target's smaller steps cost 1.5-2.6x the leapfrog steps per draw: Lotka-Volterra x1 observed with
+#: x2(0) unknown, 9.4 at 0.9, 14.2 at 0.95, 24.0 at 0.99). Measured there (4 x 6000 draws, 2026-11-30): 83, 46
+#: and 12 divergences, theta1's sd 0.496, 0.567 and 0.642 against 0.707 from numpyro at 0.99 without a
+#: divergence (4 x 10000): the draws at the adapted step size stop short of the tail that narrows along the ridge
+DIVERGENCE_RUN_COST = 3.0
+
+
+def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueSpace, names: list[str], *,
+                draws: int, tune: int, chains: int, seed: int | None, target_accept: float, max_rounds: int,
+                warn: bool) -> NUTSRun:
+    """:func:`run_nuts` with nutpie (its ``nuts_sampler="nutpie"``): one run until the draws pass R-hat and ESS,
+    the chains sit in separate modes or the budget is spent; then, where the draws that passed hold
+    divergences and the budget affords it (:data:`DIVERGENCE_RUN_COST`), one more at :data:`TARGET_ACCEPT_MAX`
+    whose draws replace them when they pass too."""
+    start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
+    before = [0]  # gradient evaluations of the runs before this one
+
+    def spent(steps: int, ahead: float = 0.0) -> bool:
+        meter.gradients = before[0] + steps
+        return bool(meter.check(ahead))
+
+    def converged(so_far) -> bool:
+        diag = diagnose(so_far, names)
+        return not mixing_problems(diag) or bool(find_modes(so_far, names))
+
+    whiten = None
+    if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
+        mean, matrix, _ = seed_metric(space, center, sd, covariance)
+        whiten = (mean, matrix)
+    extends = _may_extend(chains, draws)  # more draws than asked for only where PyMC's rounds would run them
+
+    def run(accept: float, seed_: int | None):
+        t0 = time.perf_counter()
+        tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed_,
+                             target_accept=accept, max_treedepth=MAX_TREEDEPTH,
+                             max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
+                             converged=converged, whiten=whiten, seconds_left=meter.seconds_left, watched=names)
+        return _kept_draws(tree, stopped=bool(meter.exhausted)), time.perf_counter() - t0  # stopped tuning: half
+
+    tree, seconds = run(target_accept, seed)
+    n = int(tree.posterior.sizes["draw"])
+    diag = diagnose(tree, names)
+    found = problems(diag)
+    if not (found and not mixing_problems(diag) and not meter.exhausted and target_accept < TARGET_ACCEPT_MAX
+            and not find_modes(tree, names) and max_rounds > 1
+            and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
+            and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients):
+        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
+    before[0] = first = meter.gradients
+    again, _ = run(TARGET_ACCEPT_MAX, None if seed is None else seed + 1000)
+    n_again = int(again.posterior.sizes["draw"])
+    passes = not meter.exhausted and not mixing_problems(diagnose(again, names)) and not find_modes(again, names)
+    return _finish(again if passes else tree, names, meter, 2, [n, n_again], [2] if passes else [1],
+                   [first, meter.gradients - first], [found], warn, "nutpie")
 
 
 def _budgeted_sample(meter: BudgetMeter, **kwargs):
