@@ -1079,7 +1079,7 @@ def run_nuts(
     if nuts_sampler == "nutpie" and starts is not None:
         raise DataError("starts (one point per chain) need nuts_sampler='pymc' or 'auto': nutpie starts every "
                         "chain around center")
-    if nuts_sampler == "nutpie":  # one run, watched until it passes R-hat and ESS or the budget ends
+    if nuts_sampler == "nutpie":  # a watched run until R-hat and ESS pass (one more for divergences) or the budget ends
         return _run_nutpie(model, center, sd, covariance, meter, space, names, draws=draws, tune=tune, chains=chains,
                            seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn)
     if starts is None:
@@ -1189,10 +1189,10 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
     n = int(tree.posterior.sizes["draw"])
     diag = diagnose(tree, names)
     found = problems(diag)
-    if not (found and not mixing_problems(diag) and not meter.exhausted and target_accept < TARGET_ACCEPT_MAX
-            and not find_modes(tree, names) and max_rounds > 1
-            and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
-            and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients):
+    divergences_alone = bool(found) and not mixing_problems(diag) and not find_modes(tree, names)
+    affordable = (not meter.exhausted and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
+                  and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients)
+    if not (divergences_alone and affordable and target_accept < TARGET_ACCEPT_MAX and max_rounds > 1):
         return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
     before[0] = first = meter.gradients
     again, _ = run(TARGET_ACCEPT_MAX, None if seed is None else seed + 1000)
