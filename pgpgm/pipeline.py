@@ -48,6 +48,7 @@ from .posterior.nuts import (
     posterior_notes,
     run_nuts,
 )
+from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
@@ -1058,10 +1059,12 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         refined_x0 = {s: (ref.x0[system.states.index(s)], ref.q_stderr.get(f"x0[{s}]", np.nan))
                       for s in prepared.direct if s not in (prepared.x0_observed or {})}
+        own = _own_scale(refined.problem, ref, prior)
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
                                         solver=spec.solver_at(solver, system, t, ref.theta, ref.x0),
                                         dense_times=dense.times, x0_priors=x0_priors,
-                                        log_scale=log_scale_names(prior),
+                                        log_scale=tuple(n for n in log_scale_names(prior) if n not in own),
+                                        own_scale=own,
                                         positive_x0=positive_initial_values(system, refined_x0),
                                         **({"x0_observed": prepared.x0_observed} if prepared.x0_observed else {}),
                                         **({"observables": prepared.observables} if prepared.observables else {}))
@@ -1082,6 +1085,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
                        estimate_noise=options.noise_sd is None if prepared.noise is None else prepared.noise.estimated)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
         run.tree.attrs["pgpgm_modes"] = json.dumps(modes)
+        run.tree.attrs["pgpgm_own_scale"] = json.dumps(sorted(own))  # the rest of log_scale_names: log scale
         if run.gradient_evaluations:  # every round's draws, not just those kept
             solves = sum(run.gradient_evaluations)
         elif "n_steps" in run.tree.sample_stats:
@@ -1189,6 +1193,21 @@ def noise_parameters_start(plan: MeasurementNoise, obs, gp_sd) -> np.ndarray:
             excess = gp_sd[m] ** 2 - float(np.mean(y))
             out[m] = float(np.clip(np.mean(y) ** 2 / excess, 0.1, 1e4)) if excess > 0 else 100.0
     return out
+
+
+def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors) -> dict[str, float]:
+    """The Uniform(0, upper) parameters step 4 samples on their own scale, with their soft wall's width
+    (:func:`~pgpgm.posterior.scales.choose_scales` on the refinement's log likelihood, noise held at its
+    refined parameters); the others stay on the log scale."""
+    uppers = {n: s[1] for n, s in zip(prior.names, prior.specs) if n in log_scale_names(prior)}
+    if not uppers:
+        return {}
+
+    def logp(q: np.ndarray) -> float:
+        return -problem.nll(q, ref.noise_sd)
+
+    choices = choose_scales(logp, ref.q, ref.q_covariance, ref.q_names, uppers)
+    return {c.name: c.width for c in choices if c.own}
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:

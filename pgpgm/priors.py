@@ -73,17 +73,27 @@ class Priors:
             return None
         return np.array(self.specs, float).reshape(-1, 2)
 
-    def variables(self, log_scale: Sequence[str] = ()) -> pt.TensorVariable:
+    def variables(self, log_scale: Sequence[str] = (), own_scale: Mapping[str, float] | None = None
+                  ) -> pt.TensorVariable:
         """Create the prior variables in the current PyMC model; returns theta (P,).
 
         ``log_scale`` names Uniform(0, upper) parameters whose samplers move in (nearly) log
-        theta (:class:`SoftLogTransform`) instead of the log-odds of the box; the prior is the same.
+        theta (:class:`SoftLogTransform`) instead of the log-odds of the box; ``own_scale`` maps
+        Uniform(0, upper) parameters to the width of the soft wall at 0 of their own scale
+        (:class:`SoftplusTransform`). The prior is the same.
         """
         if not self.names:
             return pt.zeros(0)
+        own_scale = dict(own_scale or {})
+
+        def transform(name: str, upper: float) -> dict:
+            if name in own_scale:
+                return {"default_transform": SoftplusTransform(own_scale[name])}
+            return {"default_transform": SoftLogTransform(upper)} if name in log_scale else {}
+
         return pt.stack([prior_variable(n, s) if callable(s) else
                          pm.Uniform(n, lower=np.float64(s[0]), upper=np.float64(s[1]),  # else float32 terms
-                                    **({"default_transform": SoftLogTransform(s[1])} if n in log_scale else {}))
+                                    **transform(n, s[1]))
                          for n, s in zip(self.names, self.specs)])
 
 
@@ -148,3 +158,36 @@ class SoftLogTransform(Transform):
 
     def _log_theta(self, phi):
         return -pt.logaddexp(-self.p * phi, -self.p * np.log(self.upper)) / self.p
+
+
+class SoftplusTransform(Transform):
+    """The sampling scale of a positive parameter that is theta itself away from 0 and has a soft
+    wall at 0 of width ``width`` (theta units):
+
+        theta = width * log(1 + exp(phi / width)),   phi = theta + width * log(1 - exp(-theta / width))
+
+    d theta / d phi = 1 - exp(-theta / width) (0.95 at 3 widths), so a posterior that is Gaussian in
+    theta is Gaussian in phi where it has its mass, and every phi is positive theta: a trajectory that
+    runs towards 0 meets a density that falls off smoothly (as exp(phi / width)), not a wall. The
+    upper bound of a Uniform prior stays a hard wall (log density -inf beyond it); step 4 puts a
+    parameter on this scale only where its refined value is far below that bound
+    (:func:`pgpgm.posterior.scales.choose_scales`). ``width`` is a constant of the model's
+    graph: models that differ in it compile separately.
+    """
+
+    name = "softplus"
+    ndim_supp = 0
+
+    def __init__(self, width: float):
+        if not (np.isfinite(width) and width > 0):
+            raise DataError(f"the soft wall's width must be a positive number, got {width!r}")
+        self.width = float(width)
+
+    def forward(self, value, *inputs):
+        return value + self.width * pt.log(-pt.expm1(-value / self.width))
+
+    def backward(self, value, *inputs):
+        return self.width * pt.softplus(value / self.width)
+
+    def log_jac_det(self, value, *inputs):
+        return -pt.softplus(-value / self.width)

@@ -305,6 +305,26 @@ def test_log_scale_meets_the_prior_bound_without_divergences():
     _assert_quadrature_moments(tree, layout, obs, k_box=(0.0, 1.0))
 
 
+def test_the_own_scale_with_its_soft_wall_at_0_samples_the_exact_posterior():
+    """k = 0.03 +- 0.02 on its own scale (pgpgm.priors.SoftplusTransform, wall width 0.01): a posterior
+    whose left tail reaches 0, where the wall bends theta into a log-like scale. Moments equal the
+    quadrature's (the transform's Jacobian is right), no divergence at the wall, and the value variable
+    is the own scale's."""
+    obs = _decay_data(0.03, 2.0, seed=3)
+    y = obs.values[:, 0]
+    model, layout = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD],
+                                    own_scale={"k": 0.01})
+    assert [v.name for v in model.value_vars][0] == "k_softplus__"
+    tree = sample_posterior(model, {"k": 0.03, "x_0": float(y[0])}, {"k": 0.02, "x_0": SD},
+                            draws=1500, tune=500, chains=2, cores=1, seed=1, progressbar=False)
+    assert int(tree.sample_stats["diverging"].sum()) == 0
+    assert np.mean(tree.posterior["k"].values < 0.01) > 0.05  # the wall's region is sampled
+    _assert_quadrature_moments(tree, layout, obs)
+    with pytest.raises(DataError, match="both log_scale and own_scale"):
+        build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_sd=[SD], log_scale=["k"],
+                        own_scale={"k": 0.01})
+
+
 def test_the_soft_wall_has_no_hard_wall_in_its_tail():
     """Far past the bound of Uniform(0, 10), exp(log 10) rounds to 10.000000000000002, outside the box:
     the prior's log density was -inf from phi ~ 6.7 on, a hard wall 4.3 / p past log 10 that the large-noise

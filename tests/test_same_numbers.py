@@ -14,7 +14,9 @@ their first tuning iterations on; and when step 4's solves came to run at rtol 1
 (``pgpgm.NUTS(rtol=...)``), which again changed FitzHugh-Nagumo's step-4 draws only; and when the ODE Op's
 vector-Jacobian product became an elementwise product and sum instead of a tensordot (BLAS sums in
 another order: step 4's draws), on an Intel Xeon (the file before: an AMD EPYC); and when step 4's DOPRI5
-solves came to interpolate their output times (``DOPRI5(dense_output=True)``: other steps, step 4's draws only).
+solves came to interpolate their output times (``DOPRI5(dense_output=True)``: other steps, step 4's draws only);
+and when step 4 came to sample a parameter whose posterior is Gaussian in theta rather than in log theta on its
+own scale (``pgpgm.posterior.scales``: FitzHugh-Nagumo's a and b, step 4's draws only).
 Regenerate the file only for a change that is meant to change
 numbers (``python tests/test_same_numbers.py``), and say so in the commit.
 """

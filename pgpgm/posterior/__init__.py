@@ -1,5 +1,6 @@
 """Step 4: the posterior of the ODE model itself. ``nuts`` (the PyMC model, NUTS rounds within a
-budget, the Laplace approximation) and ``diagnostics`` (R-hat, ESS, divergences, modes)."""
+budget, the Laplace approximation), ``scales`` (each parameter's sampling scale) and ``diagnostics``
+(R-hat, ESS, divergences, modes)."""
 
 from .diagnostics import diagnose, find_modes, problems, warn_if_unconverged
 from .nuts import (
@@ -10,6 +11,7 @@ from .nuts import (
            run_nuts,
            sample_posterior,
 )
+from .scales import ScaleChoice, choose_scales
 
-__all__ = ["NUTSRun", "PosteriorBudget", "build_ode_model", "diagnose", "find_modes", "laplace_posterior", "problems",
-           "run_nuts", "sample_posterior", "warn_if_unconverged"]
+__all__ = ["NUTSRun", "PosteriorBudget", "ScaleChoice", "build_ode_model", "choose_scales", "diagnose", "find_modes",
+           "laplace_posterior", "problems", "run_nuts", "sample_posterior", "warn_if_unconverged"]

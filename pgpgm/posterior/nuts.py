@@ -161,6 +161,7 @@ def build_ode_model(
     x0_observed: Mapping[str, float] | None = None,
     observables: Observables | None = None,
     positive_x0: Sequence[str] = (),
+    own_scale: Mapping[str, float] | None = None,
 ) -> tuple[pm.Model, ODEModelLayout]:
     """The ODE model of partial observations as a ``pm.Model``.
 
@@ -213,6 +214,10 @@ def build_ode_model(
         from a small initial value (an epidemic's I) rises the later the smaller it is, by log x0: on
         the state's own scale the posterior's curvature grows without bound towards 0 (divergences),
         on the log scale it does not
+    own_scale : parameters with a Uniform(0, upper) prior that NUTS moves on their own scale, each with
+        the width (theta units) of a soft wall at 0 (:class:`pgpgm.priors.SoftplusTransform`): for a
+        posterior that is Gaussian in theta rather than in log theta (:func:`pgpgm.fit` chooses them,
+        :func:`pgpgm.posterior.scales.choose_scales`); not also in ``log_scale``
 
     Returns
     -------
@@ -282,18 +287,21 @@ def build_ode_model(
     integrator = Integrator(system, solve_times, solver)
     plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
-    log_scale = tuple(log_scale)
-    for name in log_scale:
+    log_scale, own_scale = tuple(log_scale), dict(own_scale or {})
+    for name, what in [*((n, "log_scale") for n in log_scale), *((n, "own_scale") for n in own_scale)]:
         spec = prior.specs[prior.names.index(name)] if name in prior.names else None
         if spec is None or callable(spec) or spec[0] != 0.0:
-            raise DataError(f"log_scale names {name!r}: only parameters with a Uniform(0, upper) prior can be "
-                            "sampled on the log scale")
+            raise DataError(f"{what} names {name!r}: only parameters with a Uniform(0, upper) prior can be "
+                            f"sampled on another scale")
+    if set(log_scale) & set(own_scale):
+        raise DataError(f"{sorted(set(log_scale) & set(own_scale))} named in both log_scale and own_scale: "
+                        "give each parameter one scale")
     with pm.Model(coords=coords) as model:
         # every number that comes from the data (observations, the initial-value and noise priors'
         # centres, known noise sds and initial values) enters as pm.Data, not as a constant: the
         # graph is then the same for every data set of a model on the same grid, so its compiled
         # code (PyTensor's numba cache, memory and disk) serves them all
-        theta = prior.variables(log_scale)  # same priors; NUTS moves log_scale ones in log theta
+        theta = prior.variables(log_scale, own_scale)  # same priors; NUTS moves log_scale ones in log theta
         first = {}
         held = dict(x0_observed or {})
         for s, m in direct.items():
