@@ -1059,6 +1059,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
                           "noise_center": np.where(np.array(plan.names) == "negbin", ref.noise_sd, refined.noise_start)}
         refined_x0 = {s: (ref.x0[system.states.index(s)], ref.q_stderr.get(f"x0[{s}]", np.nan))
                       for s in prepared.direct if s not in (prepared.x0_observed or {})}
+        started = time.perf_counter()  # the budget counts building the model (compiling its solve) too
         own = _own_scale(refined.problem, ref, prior)
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
                                         solver=spec.solver_at(solver, system, t, ref.theta, ref.x0),
@@ -1075,7 +1076,8 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         covariance = ([names[q] for q in ref.q_names], ref.q_covariance)
         run = run_nuts(model, center, sd, covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains,
                        cores=spec.cores, seed=options.seed, nuts_sampler=spec.sampler, max_rounds=spec.rounds,
-                       progressbar=options.progressbar, budget=spec.budget, warn=False, metric=spec.metric)
+                       progressbar=options.progressbar, budget=spec.budget, warn=False, metric=spec.metric,
+                       started=started)
         modes = [m.record() for m in run.modes]
         for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
             m = mode["mean"]

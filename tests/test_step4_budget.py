@@ -261,6 +261,24 @@ def test_an_uncertainty_wider_than_the_box_names_one_bound_and_says_so():
     assert "within 2 standard errors" in bound_report(priors, [1.0], None, stderr=[0.6])[0].message
 
 
+def test_the_time_before_sampling_counts_but_leaves_sampling_a_share():
+    """run_nuts(started=): the budget's seconds count from when step 4 began (fit: before building the model,
+    whose solve compiles on a cold cache); 9 s spent before a 4 s budget still leave MIN_SAMPLING_SHARE (1 s)
+    to sampling, and 2 s spent before an 8 s budget leave 6 s."""
+    from pgpgm.posterior.nuts import MIN_SAMPLING_SHARE, run_nuts
+
+    model, layout, center, sd = _decay_model()
+    run_nuts(model, center, sd, draws=20, tune=20, chains=1, cores=1, progressbar=False, warn=False)  # compiled
+    for budget, before, sampling in ((4.0, 9.0, MIN_SAMPLING_SHARE * 4.0), (8.0, 2.0, 6.0)):
+        t0 = time.perf_counter()
+        run = run_nuts(model, center, sd, draws=200_000, tune=100, chains=2, cores=1, seed=1, progressbar=False,
+                       budget=budget, warn=False, started=t0 - before)
+        took = time.perf_counter() - t0
+        assert run.budget["exhausted"] == "seconds"
+        assert sampling <= took < sampling + 4.0, (budget, before, took)
+        assert run.budget["used_seconds"] >= min(budget, before + sampling) - 0.1
+
+
 def test_fit_returns_on_its_posterior_budget_with_the_warning():
     """fit(posterior_budget=) reaches step 4: a budget of 600 gradient evaluations stops it (counted
     exactly: at most one tree past it), and the fit returns its draws and says so."""

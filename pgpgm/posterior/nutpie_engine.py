@@ -468,8 +468,12 @@ def _compile_exactly(white, keep: list[str], after: list[str]) -> tuple[Whitened
 
     loop = None
     if after_fn is not None:  # a loop over draws, not a callback: numba-compiled, without the GIL
-        loop = _callback(_AFTER_SOURCE, "after_c", after_fn, where, buffer.size, None,
-                         n_after=int(sum(int(np.prod(shape)) for shape in after_shapes)))
+        n_after = int(sum(int(np.prod(shape)) for shape in after_shapes))
+        loop = _callback(_AFTER_SOURCE, "after_c", after_fn, where, buffer.size, None, n_after=n_after)
+        # compiled (or loaded from the cache) now, for the argument types of Whitened.expand: on a cold cache
+        # its compilation (12 s on Michaelis-Menten) then falls ahead of sampling, inside step 4's budget,
+        # instead of after the budget has ended the sampling
+        loop(np.zeros((0, n_dim)), buffer, np.zeros((0, n_after)))
     compiled = CompiledPyMCModel(
         _n_dim=n_dim, dims=dict(white.named_vars_to_dims), _coords=_coords(white), _shapes=dict(zip(names, shapes)),
         compiled_logp_func=logp_cfunc, compiled_expand_func=expand_cfunc, initial_point_func=initial_point,

@@ -617,6 +617,9 @@ def _has_nutpie() -> bool:
 
 #: the mass-matrix choices of :func:`run_nuts`'s first round
 METRICS = ("adapt", "laplace")
+#: the least share of a budget's seconds left for sampling when the time before it (``run_nuts(started=...)``:
+#: building the model, compiling its solve) counts too
+MIN_SAMPLING_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -625,7 +628,9 @@ class PosteriorBudget:
 
     Attributes
     ----------
-    seconds : wall-clock seconds of sampling, all rounds together (None: no limit)
+    seconds : wall-clock seconds of sampling, all rounds together (None: no limit); in :func:`pgpgm.fit` they
+        count from the start of step 4, building its model (its solve's compilation on a cold cache)
+        included, with at least :data:`MIN_SAMPLING_SHARE` of them left to sampling
     gradient_evaluations : leapfrog steps (one ODE solve with sensitivities each) of all chains
         and rounds, tuning included (None: no limit); unlike seconds, it does not depend on the
         machine or its load. The default, 3000000, leaves the 60 s to bind on a 2-core machine
@@ -968,6 +973,7 @@ def run_nuts(
     warn: bool = True,
     starts: Sequence[Mapping[str, float]] | None = None,
     metric: str = "adapt",
+    started: float | None = None,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
     :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
@@ -1056,6 +1062,9 @@ def run_nuts(
         the posterior (measured, benchmarks/RESULTS.md: fewer gradient evaluations per effective draw on
         Lotka-Volterra x2 and FitzHugh-Nagumo V observed; a posterior far from Gaussian at the optimum,
         e.g. one spread to a prior bound, needs ``"adapt"`` or the later rounds' pooled matrix)
+    started : the :func:`time.perf_counter` time at which the work of this step began (e.g. before
+        :func:`build_ode_model`, whose ODE solve compiles on a cold cache: 10-20 s): the budget's seconds count
+        from it, but at least :data:`MIN_SAMPLING_SHARE` of them are left for sampling (default: now)
     warn : warn (:class:`~pgpgm.errors.ConvergenceWarning`) when the result fails the checks, the
         budget stopped it or the chains sit in separate modes (:func:`pgpgm.fit` passes False and
         warns once for the whole fit)
@@ -1075,6 +1084,8 @@ def run_nuts(
     if metric not in METRICS:
         raise DataError(f"metric must be one of {METRICS}, got {metric!r}")
     meter = BudgetMeter(PosteriorBudget.of(budget))
+    if started is not None and meter.budget.seconds is not None:  # the model's building counts, up to a share
+        meter.start = max(started, meter.start - (1.0 - MIN_SAMPLING_SHARE) * meter.budget.seconds)
     if cores is None:  # with a time budget every chain runs at once, so that a stop leaves all at the same length
         cores = chains if meter.budget.seconds is not None else min(chains, os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
