@@ -1201,7 +1201,8 @@ def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors) -> 
     """The Uniform(0, upper) parameters step 4 samples on their own scale, with their soft wall's width
     (:func:`~pgpgm.posterior.scales.choose_scales` on the refinement's log likelihood, noise held at its
     refined parameters); the others stay on the log scale."""
-    uppers = {n: s[1] for n, s in zip(prior.names, prior.specs) if n in log_scale_names(prior)}
+    logged = set(log_scale_names(prior))
+    uppers = {n: s[1] for n, s in zip(prior.names, prior.specs) if n in logged}
     if not uppers:
         return {}
 

@@ -116,11 +116,11 @@ def _asymmetry(logp, q: np.ndarray, cov: np.ndarray, i: int, logged: np.ndarray,
     cov_w = d[:, None] * cov * d[None, :]
     line = cov_w[:, i] / np.sqrt(cov_w[i, i])
     w = np.where(logged, np.log(np.where(logged, q, 1.0)), q)
+    pos = logged | (upper < np.inf)  # the Uniform(0, upper) parameters
     values = []
     for sign in (1.0, -1.0):
         wp = w + sign * PROBE_SE * line
         qp = np.where(logged, np.exp(wp), wp)
-        pos = logged | (upper < np.inf)  # the Uniform(0, upper) parameters
         if np.any(qp[pos] <= 0) or np.any(qp >= upper):
             return np.inf
         v = logp(qp) + float(np.sum(wp[logged]))  # + log |dq/dw| of the log coordinates
