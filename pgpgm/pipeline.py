@@ -42,6 +42,7 @@ from .posterior.nuts import (
     NUTSRun,
     PosteriorBudget,
     build_ode_model,
+    initial_value_name,
     laplace_posterior,
     log_scale_names,
     positive_initial_values,
@@ -1060,7 +1061,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         refined_x0 = {s: (ref.x0[system.states.index(s)], ref.q_stderr.get(f"x0[{s}]", np.nan))
                       for s in prepared.direct if s not in (prepared.x0_observed or {})}
         started = time.perf_counter()  # the budget counts building the model (compiling its solve) too
-        own = _own_scale(refined.problem, ref, prior)
+        own = _own_scale(refined.problem, ref, prior, x0_priors)
         model, layout = build_ode_model(system, obs, x0=ref.x0, priors=prior, **noise_args,
                                         solver=spec.solver_at(solver, system, t, ref.theta, ref.x0),
                                         dense_times=dense.times, x0_priors=x0_priors,
@@ -1197,20 +1198,33 @@ def noise_parameters_start(plan: MeasurementNoise, obs, gp_sd) -> np.ndarray:
     return out
 
 
-def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors) -> dict[str, float]:
-    """The Uniform(0, upper) parameters step 4 samples on their own scale, with their soft wall's width
-    (:func:`~pgpgm.posterior.scales.choose_scales` on the refinement's log likelihood, noise held at its
-    refined parameters); the others stay on the log scale."""
+def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors,
+               x0_priors: Mapping[str, PriorSpec]) -> dict[str, float]:
+    """The Uniform(0, upper) parameters and unknown latent initial values step 4 samples on their own
+    scale, with their soft wall's width, by step 4's variable names
+    (:func:`~pgpgm.posterior.scales.choose_scales` on the refinement's log likelihood and Fisher
+    information, noise held at its refined parameters); the parameters left stay on the log scale, the
+    initial values on the log-odds of their box."""
     logged = set(log_scale_names(prior))
     uppers = {n: s[1] for n, s in zip(prior.names, prior.specs) if n in logged}
+    variable = {n: n for n in uppers}
+    for s, spec in x0_priors.items():
+        if not callable(spec) and spec[0] == 0.0 and f"x0[{s}]" in ref.q_names:
+            uppers[f"x0[{s}]"], variable[f"x0[{s}]"] = spec[1], initial_value_name(s)
     if not uppers:
         return {}
+    scaled = problem.with_noise_sd(ref.noise_sd)
 
     def logp(q: np.ndarray) -> float:
         return -problem.nll(q, ref.noise_sd)
 
-    choices = choose_scales(logp, ref.q, ref.q_covariance, ref.q_names, uppers)
-    return {c.name: c.width for c in choices if c.own}
+    def conditional_sd(q: np.ndarray) -> np.ndarray:
+        J = scaled.jacobian(q)
+        with np.errstate(divide="ignore"):
+            return 1.0 / np.sqrt(np.einsum("kq,kq->q", J, J))
+
+    choices = choose_scales(logp, ref.q, ref.q_covariance, ref.q_names, uppers, conditional_sd)
+    return {variable[c.name]: c.width for c in choices if c.own}
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:

@@ -325,6 +325,34 @@ def test_the_own_scale_with_its_soft_wall_at_0_samples_the_exact_posterior():
                         own_scale={"k": 0.01})
 
 
+def test_an_unknown_latent_initial_value_on_its_own_scale_keeps_its_prior():
+    """An unknown latent initial value b(0) ~ Uniform(0, 2) on its own scale (own_scale={"b_0": w}): its value
+    variable is the own scale's, and the model's density in the variables themselves (no Jacobian) equals that
+    of the default log-odds scale at the same point; a name that is neither a parameter nor an unknown
+    initial value is refused before anything compiles."""
+    chain = pgpgm.ODESystem.from_equations({"a": "-k1*a", "b": "k1*a - k2*b"}, ["k1", "k2"])
+    t = np.linspace(0.0, 4.0, 12)
+    data = {"time": t, "a": np.exp(-0.9 * t) + 0.01}
+    kw = dict(x0={"b": (0.0, 2.0)}, priors=(0.0, 5.0), noise_sd=[0.01])
+    own, _ = build_ode_model(chain, data, ["a"], own_scale={"b_0": 0.25, "k2": 0.25}, **kw)
+    plain, _ = build_ode_model(chain, data, ["a"], **kw)
+    assert {v.name for v in own.value_vars} == {"k1_interval__", "k2_softplus__", "a_0", "b_0_softplus__"}
+    point = {"k1": 0.9, "k2": 0.4, "a_0": 1.0, "b_0": 0.7}
+
+    def at_point(m):  # the point in each value variable's coordinates
+        out = {}
+        for v in m.value_vars:
+            rv = m.values_to_rvs[v]
+            tr = m.rvs_to_transforms[rv]
+            out[v.name] = point[rv.name] if tr is None else np.asarray(tr.forward(point[rv.name], *rv.owner.inputs).eval())
+        return out
+
+    values = [m.compile_logp(jacobian=False)(at_point(m)) for m in (own, plain)]
+    assert np.isfinite(values[0]) and values[0] == pytest.approx(values[1], rel=1e-10)
+    with pytest.raises(DataError, match="own_scale names 'a_0'"):
+        build_ode_model(chain, data, ["a"], own_scale={"a_0": 0.25}, **kw)
+
+
 def test_the_soft_wall_has_no_hard_wall_in_its_tail():
     """Far past the bound of Uniform(0, 10), exp(log 10) rounds to 10.000000000000002, outside the box:
     the prior's log density was -inf from phi ~ 6.7 on, a hard wall 4.3 / p past log 10 that the large-noise

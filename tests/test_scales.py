@@ -8,7 +8,8 @@ import pytest
 from scipy import stats
 
 from pgpgm.errors import DataError
-from pgpgm.posterior.scales import MIN_ASYMMETRY, PROBE_SE, WALL_WIDTH_SE, choose_scales, wall_width
+from pgpgm.posterior.scales import (MIN_ASYMMETRY, MIN_WIDTH_CHANGE, PROBE_SE, WALL_WIDTH_SE, choose_scales,
+                                   wall_width)
 from pgpgm.priors import SoftplusTransform
 
 
@@ -99,3 +100,55 @@ def test_an_undetermined_parameter_or_a_probe_outside_the_box_keeps_the_log_scal
     (wide,) = choose_scales(_gaussian([0.1], [[0.08**2]]), np.array([0.1]), np.array([[0.08**2]]), ["a"],
                             {"a": 2.0})
     assert not wide.own and wide.own_asymmetry == np.inf
+
+
+def _fd_conditional_sd(logp, h=1e-4):
+    """Each unknown's sd given the others: 1 / sqrt(-d2 logp / dq_i2) by central differences."""
+    def sds(q):
+        out = []
+        for i in range(q.size):
+            e = np.zeros(q.size)
+            e[i] = h * q[i]
+            d2 = (logp(q + e) - 2 * logp(q) + logp(q - e)) / (h * q[i]) ** 2
+            out.append(1 / np.sqrt(-d2) if d2 < 0 else np.nan)
+        return np.array(out)
+    return sds
+
+
+def _ridge(relative: bool):
+    """log a ~ N(log 3, 0.25) and b | a ~ N(a + 1, w): w = 0.1 fixed in b's units (the width of x2(0) given the
+    rest in Lotka-Volterra with x2(0) unknown), or w = 0.05 b's centre (a width fixed in log units)."""
+    def logp(q):
+        a, b = q
+        if a <= 0 or b <= 0:
+            return -np.inf
+        w = 0.05 * (a + 1) if relative else 0.1
+        return stats.norm(np.log(3.0), 0.25).logpdf(np.log(a)) - np.log(a) + stats.norm(a + 1, w).logpdf(b)
+    q = np.array([3.0, 4.0])
+    sa = 0.25 * 3.0
+    w = 0.05 * 4.0 if relative else 0.1
+    cov = np.array([[sa**2, sa**2], [sa**2, sa**2 + w**2]])  # the Laplace approximation's (delta method)
+    return logp, q, cov
+
+
+def test_a_width_fixed_in_theta_units_along_a_ridge_goes_on_its_own_scale():
+    """b's sd given a stays 0.1 as the ridge b = a + 1 runs from b = 2.7 to 6.1 (the log-scale probes): in
+    log b that width narrows 2.2x (a funnel NUTS under-reaches), in b it does not change. The width test
+    puts b on its own scale, and a too (its width given b is b's); the asymmetry test alone does not."""
+    logp, q, cov = _ridge(relative=False)
+    names, uppers = ["a", "b"], {"a": 100.0, "b": 100.0}
+    plain = choose_scales(logp, q, cov, names, uppers)
+    assert not any(c.own for c in plain) and all(np.isnan(c.log_width_change) for c in plain)
+    a, b = choose_scales(logp, q, cov, names, uppers, _fd_conditional_sd(logp))
+    assert a.own and b.own and b.width == wall_width(np.sqrt(cov[1, 1]))
+    assert b.own_width_change == pytest.approx(0.0, abs=1e-4)
+    se_log = np.sqrt(cov[1, 1]) / 4.0  # the probes at +- 2 sds of log b: b+ / b- = exp(4 se_log)
+    assert b.log_width_change == pytest.approx(2 * PROBE_SE * se_log, rel=0.05)
+    assert b.log_width_change > np.log(MIN_WIDTH_CHANGE)
+
+
+def test_a_width_fixed_in_log_units_along_a_ridge_stays_on_the_log_scale():
+    logp, q, cov = _ridge(relative=True)
+    a, b = choose_scales(logp, q, cov, ["a", "b"], {"a": 100.0, "b": 100.0}, _fd_conditional_sd(logp))
+    assert not a.own and not b.own
+    assert b.own_width_change > np.log(MIN_WIDTH_CHANGE) > b.log_width_change

@@ -214,10 +214,12 @@ def build_ode_model(
         from a small initial value (an epidemic's I) rises the later the smaller it is, by log x0: on
         the state's own scale the posterior's curvature grows without bound towards 0 (divergences),
         on the log scale it does not
-    own_scale : parameters with a Uniform(0, upper) prior that NUTS moves on their own scale, each with
-        the width (theta units) of a soft wall at 0 (:class:`pgpgm.priors.SoftplusTransform`): for a
-        posterior that is Gaussian in theta rather than in log theta (:func:`pgpgm.fit` chooses them,
-        :func:`pgpgm.posterior.scales.choose_scales`); not also in ``log_scale``
+    own_scale : parameters and unknown latent initial values (``<state>_0``) with a Uniform(0, upper)
+        prior that NUTS moves on their own scale, each with the width (theta units) of a soft wall at 0
+        (:class:`pgpgm.priors.SoftplusTransform`): for a posterior that is Gaussian in theta rather than in
+        log theta, or whose width stays fixed in theta units where the log scale would narrow into a funnel
+        (:func:`pgpgm.fit` chooses them, :func:`pgpgm.posterior.scales.choose_scales`); not also in
+        ``log_scale``
 
     Returns
     -------
@@ -288,11 +290,12 @@ def build_ode_model(
     plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
     log_scale, own_scale = tuple(log_scale), dict(own_scale or {})
+    boxes = {**dict(zip(prior.names, prior.specs)), **{initial_value_name(s): v for s, v in unknown.items()}}
     for name, what in [*((n, "log_scale") for n in log_scale), *((n, "own_scale") for n in own_scale)]:
-        spec = prior.specs[prior.names.index(name)] if name in prior.names else None
+        spec = boxes.get(name) if what == "own_scale" or name in prior.names else None
         if spec is None or callable(spec) or spec[0] != 0.0:
-            raise DataError(f"{what} names {name!r}: only parameters with a Uniform(0, upper) prior can be "
-                            f"sampled on another scale")
+            raise DataError(f"{what} names {name!r}: only parameters (own_scale: and unknown latent initial "
+                            f"values) with a Uniform(0, upper) prior can be sampled on another scale")
     if set(log_scale) & set(own_scale):
         raise DataError(f"{sorted(set(log_scale) & set(own_scale))} named in both log_scale and own_scale: "
                         "give each parameter one scale")
@@ -313,7 +316,7 @@ def build_ode_model(
             mu, sd = pm.Data(data_name("x0_mu", s), float(ym[0])), pm.Data(data_name("x0_sd", s), spread)
             first[system.states.index(s)] = initial_value_prior(initial_value_name(s), mu, sd, s in positive_x0)
         u = Priors.from_user([initial_value_name(s) for s in unknown],
-                             {initial_value_name(s): v for s, v in unknown.items()}).variables()
+                             {initial_value_name(s): v for s, v in unknown.items()}).variables(own_scale=own_scale)
         for j, s in enumerate(unknown):  # unknown latent initial values
             first[system.states.index(s)] = u[j]
         x0_vec = pt.stack([first[i] if i in first else pm.Data(data_name("x0", s), float(x0[i]))

@@ -15,6 +15,17 @@ parameter on the log scale and once on its own, and measures how far the two pro
 (the coordinates' Jacobian included) differ: 0 for a posterior symmetric on that scale. The parameter
 goes on its own scale (:class:`pgpgm.priors.SoftplusTransform`) where that asymmetry is clearly the
 smaller one; four likelihood evaluations per parameter.
+
+A posterior can also be close to Gaussian at the mode on the log scale and narrow into a funnel along a
+ridge there: Lotka-Volterra with x1 observed and x2(0) unknown, where the data fix theta1 - x2(0) to a
+width that stays ~0.02-0.05 in x2(0)'s own units while both run from 1.2 to 7 along the ridge; in log
+units that width shrinks 8x, NUTS on the log scale stops (R-hat and ESS pass) without reaching the far
+end, and its sds of theta1 and x2(0) were 0.80x an independent reference at every seed. The width test
+(``conditional_sd``, :func:`width_changes`) measures each unknown's sd given all the others (the Fisher
+information's diagonal, one sensitivity solve per probe) at the log scale's two probes: where it changes
+by :data:`MIN_WIDTH_CHANGE` or more in log units and by less than half of that (in logs) in the
+unknown's own units, the unknown goes on its own scale too. Unknown latent initial values with a
+Uniform(0, upper) box are candidates as well (their default scale is the log-odds of the box).
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ OWN_SCALE_GAIN = 0.5
 #: ... and the refined value plus this many standard errors is below the prior's upper bound (a hard
 #: wall on the own scale)
 UPPER_ROOM_SE = 6.0
+#: the width test: an unknown also goes on its own scale (room below its bound given) where its sd given
+#: the other unknowns changes by at least this factor between the log scale's probes in log units, and by
+#: at most OWN_SCALE_GAIN of that (in logs) in its own units (:func:`width_changes`)
+MIN_WIDTH_CHANGE = 1.5
 #: the width of the own scale's soft wall at 0, in standard errors (:class:`pgpgm.priors.SoftplusTransform`),
 #: rounded to a power of 4 (:func:`wall_width`)
 WALL_WIDTH_SE = 0.5
@@ -41,7 +56,7 @@ WALL_WIDTH_SE = 0.5
 
 @dataclass(frozen=True)
 class ScaleChoice:
-    """The scale :func:`choose_scales` chose for one parameter.
+    """The scale :func:`choose_scales` chose for one unknown.
 
     Attributes
     ----------
@@ -50,6 +65,8 @@ class ScaleChoice:
         probe leaves the prior box or the solve fails; NaN where not probed)
     own : True: sampled on its own scale with a soft wall at 0 of width ``width`` (theta units)
     width : the soft wall's width (:func:`wall_width`; NaN on the log scale)
+    log_width_change, own_width_change : |log ratio| of its sd given the other unknowns at the two probes, in
+        log units and in its own (:func:`width_changes`; NaN where not measured)
     """
 
     name: str
@@ -57,11 +74,14 @@ class ScaleChoice:
     own_asymmetry: float
     own: bool
     width: float
+    log_width_change: float = np.nan
+    own_width_change: float = np.nan
 
 
 def choose_scales(logp: Callable[[np.ndarray], float], q: np.ndarray, covariance: np.ndarray,
-                  names: Sequence[str], uppers: Mapping[str, float]) -> tuple[ScaleChoice, ...]:
-    """The sampling scale of each parameter in ``uppers`` (Uniform(0, upper) priors).
+                  names: Sequence[str], uppers: Mapping[str, float],
+                  conditional_sd: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[ScaleChoice, ...]:
+    """The sampling scale of each unknown in ``uppers`` (Uniform(0, upper) priors).
 
     Parameters
     ----------
@@ -70,11 +90,14 @@ def choose_scales(logp: Callable[[np.ndarray], float], q: np.ndarray, covariance
     q : (Q,) the refined unknowns (parameters, then free initial values)
     covariance : (Q, Q) their covariance (the refinement's Laplace approximation)
     names : (Q,) their names
-    uppers : parameter name -> its prior's upper bound, for the parameters to choose for
+    uppers : name -> its prior's upper bound, for the unknowns to choose for
+    conditional_sd : (Q,) unknowns -> (Q,) each one's sd given all the others (1 / sqrt of the diagonal of
+        the Fisher information; NaN where the solve fails): the width test (:func:`width_changes`); None:
+        the asymmetry test alone
 
     Returns
     -------
-    One :class:`ScaleChoice` per name of ``uppers`` (in ``names`` order). A parameter whose refined
+    One :class:`ScaleChoice` per name of ``uppers`` (in ``names`` order). An unknown whose refined
     value is not inside its box or whose row of ``covariance`` is not finite stays on the log scale.
     """
     q = np.asarray(q, float)
@@ -91,12 +114,33 @@ def choose_scales(logp: Callable[[np.ndarray], float], q: np.ndarray, covariance
         if not (logged[i] and np.all(np.isfinite(cov[i])) and se > 0 and np.isfinite(base)):
             out.append(ScaleChoice(name, np.nan, np.nan, False, np.nan))
             continue
-        asym = {own: _asymmetry(logp, q, cov, i, logged & ~(np.arange(len(q)) == i) if own else logged, upper)
-                for own in (False, True)}
-        own = bool(np.isfinite(asym[True]) and asym[False] >= MIN_ASYMMETRY and asym[True] <= OWN_SCALE_GAIN * asym[False]
-                   and q[i] + UPPER_ROOM_SE * se < upper[i])
-        out.append(ScaleChoice(name, asym[False], asym[True], own, wall_width(se) if own else np.nan))
+        log_values, points = _probes(logp, q, cov, i, logged, upper)
+        own_values, _ = _probes(logp, q, cov, i, logged & ~(np.arange(len(q)) == i), upper)
+        asym = {False: _spread(log_values), True: _spread(own_values)}
+        widths = width_changes(conditional_sd, points, i) if conditional_sd is not None else (np.nan, np.nan)
+        room = q[i] + UPPER_ROOM_SE * se < upper[i]
+        skewed = asym[False] >= MIN_ASYMMETRY and asym[True] <= OWN_SCALE_GAIN * asym[False]
+        funnel = widths[0] >= np.log(MIN_WIDTH_CHANGE) and widths[1] <= OWN_SCALE_GAIN * widths[0]
+        own = bool(np.isfinite(asym[True]) and room and (skewed or funnel))
+        out.append(ScaleChoice(name, asym[False], asym[True], own, wall_width(se) if own else np.nan, *widths))
     return tuple(out)
+
+
+def width_changes(conditional_sd: Callable[[np.ndarray], np.ndarray], points: np.ndarray | None,
+                  i: int) -> tuple[float, float]:
+    """How much unknown ``i``'s conditional sd changes between the two log-scale probes ``points`` (2, Q):
+    ``(|log ratio| of sd_i / q_i, |log ratio| of sd_i)``, on the log scale and on its own (NaN where a probe
+    left the box or a solve failed). Where the data determine theta to within a fixed fraction, the sd
+    grows with theta: constant in log units. Where the width stays in theta units as theta changes, the log
+    scale narrows as theta grows - a funnel, whose narrow end NUTS under-reaches (Lotka-Volterra with
+    x2(0) unknown: x2(0)'s width given the rest shrinks 8x in log units along the ridge, 2.7x in its own)."""
+    if points is None:
+        return np.nan, np.nan
+    sds = np.array([np.asarray(conditional_sd(p), float)[i] for p in points])
+    if not (np.all(np.isfinite(sds)) and np.all(sds > 0)):
+        return np.nan, np.nan
+    own = float(np.log(sds[0] / sds[1]))
+    return abs(own - float(np.log(points[0, i] / points[1, i]))), abs(own)
 
 
 def wall_width(se: float) -> float:
@@ -109,22 +153,30 @@ def wall_width(se: float) -> float:
     return float(4.0 ** np.round(np.log(WALL_WIDTH_SE * se) / np.log(4.0)))
 
 
-def _asymmetry(logp, q: np.ndarray, cov: np.ndarray, i: int, logged: np.ndarray, upper: np.ndarray) -> float:
-    """|log density at w+ - at w-| in the coordinates w (log q where ``logged``, q elsewhere), w+- the
-    refined point +- PROBE_SE marginal sds of w_i along the Laplace regression line of w_i."""
+def _probes(logp, q: np.ndarray, cov: np.ndarray, i: int, logged: np.ndarray, upper: np.ndarray
+            ) -> tuple[list[float] | None, np.ndarray | None]:
+    """The log densities at w+- and the points q+- (2, Q) in the coordinates w (log q where ``logged``, q
+    elsewhere), w+- the refined point +- PROBE_SE marginal sds of w_i along the Laplace regression line of
+    w_i; None where a probe leaves the box or its solve fails."""
     d = np.where(logged, 1.0 / np.where(logged, q, 1.0), 1.0)  # dw/dq at the refined point
     cov_w = d[:, None] * cov * d[None, :]
     line = cov_w[:, i] / np.sqrt(cov_w[i, i])
     w = np.where(logged, np.log(np.where(logged, q, 1.0)), q)
-    pos = logged | (upper < np.inf)  # the Uniform(0, upper) parameters
-    values = []
+    pos = logged | (upper < np.inf)  # the Uniform(0, upper) unknowns
+    values, points = [], []
     for sign in (1.0, -1.0):
         wp = w + sign * PROBE_SE * line
         qp = np.where(logged, np.exp(wp), wp)
         if np.any(qp[pos] <= 0) or np.any(qp >= upper):
-            return np.inf
+            return None, None
         v = logp(qp) + float(np.sum(wp[logged]))  # + log |dq/dw| of the log coordinates
         if not np.isfinite(v):
-            return np.inf
+            return None, None
         values.append(v)
-    return abs(values[0] - values[1])
+        points.append(qp)
+    return values, np.array(points)
+
+
+def _spread(values: list[float] | None) -> float:
+    """|log density at w+ - at w-| (inf where a probe left the box or failed)."""
+    return np.inf if values is None else abs(values[0] - values[1])
