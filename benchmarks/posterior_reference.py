@@ -21,11 +21,14 @@ own R-hat, ESS and divergences (numpyro.diagnostics). At numpyro's default 0.8 t
 (2026-11-30, ``results/posterior_reference_x2u_099.md``).
 
 Per free variable: pgpgm's and the reference's mean and sd, |mean difference| / reference sd
-(target <= 0.1), sd ratio pgpgm / reference (target 0.9-1.1). ``--fit-seeds 1,2`` adds pgpgm fits of other seeds
-(the same data, other chains) against the same reference, one set of rows each (``fit_seed``): on a posterior
-whose tail is entered through rising curvature, whether a fit's draws reach it is chance. Wall times: pgpgm's step 4 (its
-``run_nuts`` call, compilation included) and whole fit; numpyro's sampling (4 x the median chain
-after the first) and whole (every chain, the first one's compilation included).
+(target <= 0.1), sd ratio pgpgm / reference (target 0.9-1.1), and each sd's Monte Carlo standard error
+(ArviZ's mcse of the sd): on a heavy-tailed posterior (Lotka-Volterra with x2(0) unknown, kurtosis ~14) an
+sd from ESS 400-600 is itself uncertain by ~10 %. ``--ess N`` runs pgpgm's fits with ``pgpgm.NUTS(ess=N)``.
+``--fit-seeds 1,2`` adds pgpgm fits of other seeds (the same data, other chains) against the same
+reference, one set of rows each (``fit_seed``): on a posterior whose tail is entered through rising
+curvature, whether a fit's draws reach it is chance. Wall times: pgpgm's step 4 (its ``run_nuts`` call,
+compilation included) and whole fit; numpyro's sampling (4 x the median chain after the first) and whole
+(every chain, the first one's compilation included).
 
 Needs the ``reference`` extra: ``pip install "pgpgm[reference]"`` (jax, numpyro, diffrax).
 Takes ~15-30 min on the shared 2-core machine.
@@ -39,8 +42,11 @@ import sys
 import time
 from typing import Any
 
+import arviz_stats
 import harness
 import numpy as np
+
+import pgpgm
 
 CASES = ("fhn-R", "lv-x1-lognormal", "lv-x1-x2unknown")
 RTOL = ATOL = 1e-8
@@ -63,9 +69,9 @@ def case_setup(key: str) -> tuple[harness.Published, dict[str, Any]]:
 
 
 def fit_captured(case: harness.Published, extra: dict[str, Any], budget,
-                 seed: int | None = None) -> tuple[Any, Any, float, float]:
+                 seed: int | None = None, ess: float | None = None) -> tuple[Any, Any, float, float]:
     """``(result, step-4 pm.Model, step-4 seconds, whole fit seconds)`` of ``pgpgm.fit`` (``seed``: the fit's
-    seed; None: its default)."""
+    seed; None: its default; ``ess``: step 4's ESS target, ``pgpgm.NUTS(ess=)``; None: its default)."""
     module = harness.private("pgpgm.pipeline")
     real, got = module.run_nuts, {}
 
@@ -79,6 +85,9 @@ def fit_captured(case: harness.Published, extra: dict[str, Any], budget,
     module.run_nuts = capture
     try:
         kw = dict(extra) if budget == "default" else {**extra, "posterior_budget": budget}
+        if ess is not None:
+            kw["posterior"] = pgpgm.NUTS(ess=ess, **({} if budget == "default" else {"budget": budget}))
+            kw.pop("posterior_budget", None)
         if seed is not None:
             kw["seed"] = seed
         t0 = time.perf_counter()
@@ -219,8 +228,9 @@ def run_reference(key: str, numbers: dict[str, Any], parameters: list[str], star
 # one case
 # ------------------------------------------------------------------------------------------
 def _rows(key: str, fit_seed: str, result, numbers: dict[str, Any], ref: dict[str, Any],
-          step4_s: float) -> list[dict[str, Any]]:
-    """One row per free variable: pgpgm's fit (of seed ``fit_seed``) against the reference's draws."""
+          step4_s: float, ess: float | None = None) -> list[dict[str, Any]]:
+    """One row per free variable: pgpgm's fit (of seed ``fit_seed``, step 4's ESS target ``ess``; None: the
+    default) against the reference's draws."""
     post = result.posterior.posterior
     diag = result.diagnostics
     draws = int(post.sizes["draw"])
@@ -229,15 +239,21 @@ def _rows(key: str, fit_seed: str, result, numbers: dict[str, Any], ref: dict[st
         p = np.asarray(post[name].values, float).ravel()
         r = ref["samples"][name].ravel()
         pm_, psd, rm, rsd = p.mean(), p.std(ddof=1), r.mean(), r.std(ddof=1)
+        # the sds' own Monte Carlo errors (ArviZ's mcse of the sd, from each sampler's chains)
+        p_mcse = float(arviz_stats.mcse(np.asarray(post[name].values, float), method="sd"))
+        r_mcse = float(arviz_stats.mcse(np.asarray(ref["samples"][name], float), method="sd"))
         try:
             pgpgm_rhat = float(diag["rhat"].sel(sampler="posterior", variable=name))
             pgpgm_ess = float(diag["ess_bulk"].sel(sampler="posterior", variable=name))
         except (KeyError, TypeError, ValueError):
             pgpgm_rhat = pgpgm_ess = float("nan")
-        rows.append({"case": key, "fit_seed": fit_seed, "variable": name, "pgpgm_mean": pm_, "ref_mean": rm,
+        rows.append({"case": key, "ess": "default" if ess is None else f"{ess:g}", "fit_seed": fit_seed,
+                     "variable": name, "pgpgm_mean": pm_, "ref_mean": rm,
                      "pgpgm_sd": psd, "ref_sd": rsd, "abs_mean_diff_over_ref_sd": abs(pm_ - rm) / rsd,
                      "sd_ratio": psd / rsd, "mean_ok": bool(abs(pm_ - rm) / rsd <= 0.1),
-                     "sd_ok": bool(abs(psd / rsd - 1) <= 0.1), "pgpgm_rhat": pgpgm_rhat, "pgpgm_ess_bulk": pgpgm_ess,
+                     "sd_ok": bool(abs(psd / rsd - 1) <= 0.1), "pgpgm_sd_mcse_rel": p_mcse / psd,
+                     "ref_sd_mcse_rel": r_mcse / rsd, "sd_diff_z": (psd - rsd) / np.hypot(p_mcse, r_mcse),
+                     "pgpgm_rhat": pgpgm_rhat, "pgpgm_ess_bulk": pgpgm_ess,
                      "pgpgm_draws_per_chain": draws, "pgpgm_step4_s": step4_s,
                      "ref_rhat": float(ref["diag"][name]["r_hat"]), "ref_ess": float(ref["diag"][name]["n_eff"])})
     return rows
@@ -246,7 +262,7 @@ def _rows(key: str, fit_seed: str, result, numbers: dict[str, Any], ref: dict[st
 def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     case, extra = case_setup(key)
     print(f"{key}: pgpgm.fit (posterior_budget={args.budget}) ...", flush=True)
-    result, model, step4_s, fit_s = fit_captured(case, extra, args.budget)
+    result, model, step4_s, fit_s = fit_captured(case, extra, args.budget, ess=args.ess[0])
     numbers = model_numbers(model)
     parameters = [p for p in case.spec.system.parameters if p not in extra.get("fixed", {})]
     post = result.posterior.posterior
@@ -268,11 +284,13 @@ def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             start[name] = params[0]
     ref = run_reference(key, numbers, parameters, start, chains=args.chains, warmup=args.warmup, draws=args.draws,
                         seed=args.seed, target_accept=args.target_accept)
-    rows = _rows(key, "default", result, numbers, ref, step4_s)
-    for fit_seed in args.fit_seeds:  # the same data, other chains: how much of a verdict is the draws' chance
-        print(f"  pgpgm.fit(seed={fit_seed}) ...", flush=True)
-        other, _, other_s, _ = fit_captured(case, extra, args.budget, seed=fit_seed)
-        rows += _rows(key, str(fit_seed), other, numbers, ref, other_s)
+    rows = _rows(key, "default", result, numbers, ref, step4_s, args.ess[0])
+    for ess in args.ess:  # each ESS target's fits against the same reference
+        # the same data, other chains: how much of a verdict is the draws' chance
+        for fit_seed in ([] if ess == args.ess[0] else [None]) + args.fit_seeds:
+            print(f"  pgpgm.fit(seed={fit_seed}, ess={ess}) ...", flush=True)
+            other, _, other_s, _ = fit_captured(case, extra, args.budget, seed=fit_seed, ess=ess)
+            rows += _rows(key, "default" if fit_seed is None else str(fit_seed), other, numbers, ref, other_s, ess)
     n_pgpgm = int(np.asarray(post[parameters[0]].values).size)
     timing = {"case": key, "budget": str(args.budget), "pgpgm_step4_s": step4_s, "pgpgm_fit_s": fit_s,
               "pgpgm_draws": n_pgpgm, "ref_sampling_s": ref["sampling_s"], "ref_whole_s": ref["whole_s"],
@@ -303,6 +321,9 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {CASES}")
     ap.add_argument("--budget", default="none",
                     help="pgpgm's posterior_budget: 'none' (no limit, default), 'default' or seconds")
+    ap.add_argument("--ess", default="",
+                    help="pgpgm's step-4 ESS targets (pgpgm.NUTS(ess=)), comma-separated, each fitted at every fit "
+                         "seed; 'default' or nothing: the fit's own (400)")
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--draws", type=int, default=2000)
@@ -318,6 +339,7 @@ def main() -> int:
         return write_partial(args.out)
     args.budget = None if args.budget == "none" else ("default" if args.budget == "default" else float(args.budget))
     args.fit_seeds = [int(x) for x in args.fit_seeds.split(",") if x.strip()]
+    args.ess = [None if x.strip() == "default" else float(x) for x in args.ess.split(",") if x.strip()] or [None]
     try:
         import diffrax
         import jax
@@ -336,11 +358,15 @@ def main() -> int:
         for row in r:
             harness.append_partial(args.out, row)
         harness.append_partial(args.out, t)
-    notes = (f"pgpgm: default `pgpgm.fit` (step 4 NUTS, `posterior_budget={args.budget}`); reference: numpyro "
+    notes = (f"pgpgm: default `pgpgm.fit` (step 4 NUTS, `posterior_budget={args.budget}`"
+             + ("; where the ess column is a number N, `posterior=pgpgm.NUTS(ess=N)` with that budget"
+                if any(args.ess) else "") + "); reference: numpyro "
              f"{numpyro.__version__} NUTS (dense mass, target accept {args.target_accept}), {args.chains} chains x ({args.warmup} "
              f"warm-up + {args.draws}) draws, one chain after another; the ODE by diffrax {diffrax.__version__} "
              f"Tsit5, PID rtol = atol = {RTOL:g}; jax {jax.__version__}, float64. Targets: "
-             "abs_mean_diff_over_ref_sd <= 0.1, sd_ratio within 0.9-1.1. Times in seconds: pgpgm_step4_s is its "
+             "abs_mean_diff_over_ref_sd <= 0.1, sd_ratio within 0.9-1.1. pgpgm_sd_mcse_rel, ref_sd_mcse_rel: each "
+             "sd's Monte Carlo standard error (ArviZ's mcse, method sd, from its own chains) over the sd; sd_diff_z: "
+             "the difference of the sds over their combined standard error. Times in seconds: pgpgm_step4_s is its "
              "run_nuts call (compilation included), ref_sampling_s = chains x median of the chains after the "
              "first (which compiles), ref_whole_s every chain.")
     harness.write(args.out, rows, "Step 4 against numpyro + diffrax (issue 30)", notes=notes, env=env,

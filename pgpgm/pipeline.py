@@ -33,7 +33,14 @@ from .matching.density import (
 )
 from .observables import Observables, ScaledState
 from .ode.system import ODESystem
-from .posterior.diagnostics import causes_of_poor_mixing, diagnose, mixing_problems, warn_if_unconverged
+from .posterior.diagnostics import (
+    ESS_MIN,
+    causes_of_poor_mixing,
+    check_ess,
+    diagnose,
+    mixing_problems,
+    warn_if_unconverged,
+)
 from .posterior.nuts import (
     MAX_ROUNDS,
     METRICS,
@@ -83,7 +90,11 @@ class NUTS:
     :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
     output times and its stiffness test, the CVODE redoing any solve it gives up - a stiff stretch -
     and CVODE alone where DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
-    models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object.
+    models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object; ess : the bulk and tail
+    ESS every variable must reach (default 400, :data:`~pgpgm.posterior.diagnostics.ESS_MIN`; the sampling goes on
+    until it does, within the budget): an sd's Monte Carlo error is ~sd / sqrt(2 ESS) for a Gaussian posterior
+    and more with heavy tails (~10 % at ESS 400 on Lotka-Volterra x1 observed with x2(0) unknown, kurtosis 14);
+    ask for more (with a budget to match) where the sds must be sharper.
     """
 
     draws: int = 500
@@ -96,6 +107,7 @@ class NUTS:
     metric: str = "adapt"
     rtol: float | None = POSTERIOR_RTOL
     solver: str | Solver = "auto"
+    ess: float = ESS_MIN
 
     def solver_for(self, solver: Solver) -> Solver:
         """Step 4's solver given the fit's ``solver``: :attr:`solver` (see the class), at :attr:`rtol` (the
@@ -134,6 +146,7 @@ class NUTS:
         set_(self, "tune", check_count(self.tune, "posterior_tune", minimum=0))
         set_(self, "chains", check_count(self.chains, "posterior_chains", minimum=1))
         set_(self, "rounds", check_count(self.rounds, "posterior_rounds", minimum=1))
+        set_(self, "ess", check_ess(self.ess, "NUTS ess"))
         set_(self, "budget", PosteriorBudget.of(self.budget))
         if self.sampler not in NUTS_SAMPLERS:
             raise DataError(f"nuts_sampler must be one of {NUTS_SAMPLERS}, got {self.sampler!r}")
@@ -1078,7 +1091,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
         run = run_nuts(model, center, sd, covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains,
                        cores=spec.cores, seed=options.seed, nuts_sampler=spec.sampler, max_rounds=spec.rounds,
                        progressbar=options.progressbar, budget=spec.budget, warn=False, metric=spec.metric,
-                       started=started)
+                       started=started, ess=spec.ess)
         modes = [m.record() for m in run.modes]
         for mode in modes:  # each mode's mean refined: which optimum it belongs to, and how well it fits
             m = mode["mean"]
@@ -1112,7 +1125,7 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
         sampled = system.parameters if prepared.observables is None else prepared.matching.system.parameters  # no phi
         diagnostics["gradient_matching"] = diagnose(run.tree, sampled)
     if isinstance(spec, NUTS):
-        diagnostics["posterior"] = diagnose(post.tree, post.free)
+        diagnostics["posterior"] = diagnose(post.tree, post.free, spec.ess)
     # the bound checks use the exact posterior's draws, not step 2's chains (they only locate the basin)
     draws = ({p: post.tree.posterior[p].values for p in system.parameters if p in post.tree.posterior}
              if spec is not None else None)

@@ -344,7 +344,8 @@ def test_an_unknown_latent_initial_value_on_its_own_scale_keeps_its_prior():
         for v in m.value_vars:
             rv = m.values_to_rvs[v]
             tr = m.rvs_to_transforms[rv]
-            out[v.name] = point[rv.name] if tr is None else np.asarray(tr.forward(point[rv.name], *rv.owner.inputs).eval())
+            out[v.name] = (point[rv.name] if tr is None
+                           else np.asarray(tr.forward(point[rv.name], *rv.owner.inputs).eval()))
         return out
 
     values = [m.compile_logp(jacobian=False)(at_point(m)) for m in (own, plain)]
@@ -619,8 +620,8 @@ def _recording_rounds(monkeypatch, mark=None, rhat1=None, mixing=None, forced=2)
             calls[-1]["tree"]["sample_stats"]["diverging"].values[mark[1], mark[2]] = True
         return calls[-1]["tree"]
 
-    def diagnose(tree, names):
-        d = real_diagnose(tree, names)
+    def diagnose(tree, names, ess_min=400):
+        d = real_diagnose(tree, names, ess_min)
         return d.assign(rhat=d["rhat"] * 0 + rhat1) if rhat1 is not None and len(calls) == 1 else d
 
     def problems(diag):

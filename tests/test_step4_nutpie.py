@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
+from pgpgm.errors import DataError
+from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose, mixing_problems
 from pgpgm.posterior.nutpie_engine import (
     CHECK_STATS,
     BETWEEN,
@@ -87,6 +88,23 @@ def test_nutpie_ends_when_the_chains_pass_and_agrees_with_pymc():
         se = np.sqrt(a.var() / ess_a + b.var() / ess_b)
         assert abs(a.mean() - b.mean()) < 4 * se, name
         assert a.std() == pytest.approx(b.std(), rel=0.15), name
+
+
+def test_ess_asks_every_variable_for_that_many_effective_draws():
+    """``ess=1600``: the same run goes on until every variable's bulk and tail ESS reach 1600 (not 400), with
+    more draws than the default's; the checks and the warning speak of 1600; a bad value is refused."""
+    model, center, sd = _decay_model()
+    kw = dict(draws=300, tune=300, chains=4, seed=2, progressbar=False, nuts_sampler="nutpie", budget=None)
+    default, sharp = sample_posterior(model, center, sd, **kw), sample_posterior(model, center, sd, ess=1600, **kw)
+    diag = diagnose(sharp, ["k", "x_0"], 1600)
+    assert float(np.minimum(diag["ess_bulk"], diag["ess_tail"]).min()) >= 1600 and float(diag["rhat"].max()) <= 1.01
+    assert sharp.posterior.sizes["draw"] > default.posterior.sizes["draw"]
+    found = mixing_problems(diagnose(default, ["k", "x_0"], 1600))  # the default's draws: enough for 400 only
+    assert not mixing_problems(diag) and found and all(m.startswith("ESS < 1600 for ") for m in found)
+    with pytest.raises(DataError, match="ess must be a number >= 1"):
+        sample_posterior(model, center, sd, ess=0, **kw)
+    with pytest.raises(DataError, match="NUTS ess must be a number >= 1"):
+        pgpgm.NUTS(ess=float("nan"))
 
 
 def test_a_check_reads_the_same_draws_as_the_whole_trace():

@@ -10,19 +10,29 @@ import arviz_stats
 import numpy as np
 import xarray as xr
 
-from ..errors import ConvergenceWarning
+from ..errors import ConvergenceWarning, DataError
 
 #: The thresholds of a converged posterior (Vehtari et al. 2021).
 RHAT_MAX, ESS_MIN = 1.01, 400
 
 
-def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:
+def check_ess(ess, name: str = "ess") -> float:
+    """``ess`` as a float, or a :class:`~pgpgm.errors.DataError` naming ``name`` unless it is a number >= 1."""
+    if isinstance(ess, bool) or not (isinstance(ess, int | float | np.integer | np.floating) and 1 <= ess < np.inf):
+        raise DataError(f"{name} must be a number >= 1 (the bulk and tail ESS each variable must reach), got {ess!r}")
+    return float(ess)
+
+
+def diagnose(tree, var_names: Sequence[str], ess_min: float = ESS_MIN) -> xr.Dataset:
     """R-hat (rank-normalised), bulk and tail ESS per variable, and the divergence count.
+
+    ``ess_min`` is the ESS (bulk and tail) the checks of :func:`mixing_problems` ask of every variable.
 
     Returns
     -------
     xarray.Dataset
-        ``rhat``, ``ess_bulk``, ``ess_tail`` (variable); attrs ``divergences``, ``chains``, ``draws``.
+        ``rhat``, ``ess_bulk``, ``ess_tail`` (variable); attrs ``divergences``, ``chains``, ``draws``,
+        ``ess_min``.
     """
     names = list(var_names)
     post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
@@ -38,12 +48,14 @@ def diagnose(tree, var_names: Sequence[str]) -> xr.Dataset:
     return xr.Dataset(
         {k: ("variable", np.asarray(v, float)) for k, v in values.items()},
         coords={"variable": np.asarray(names, dtype=str)},
-        attrs={"divergences": div, "chains": int(post.sizes["chain"]), "draws": int(post.sizes["draw"])},
+        attrs={"divergences": div, "chains": int(post.sizes["chain"]), "draws": int(post.sizes["draw"]),
+               "ess_min": float(ess_min)},
     )
 
 
 def problems(diag: xr.Dataset) -> list[str]:
-    """Plain-language findings: variables with R-hat > 1.01 or ESS < 400, and divergences."""
+    """Plain-language findings: variables with R-hat > 1.01 or ESS below ``diag.attrs["ess_min"]`` (400), and
+    divergences."""
     out = mixing_problems(diag)
     if diag.attrs.get("divergences", 0):
         out.append(f"{diag.attrs['divergences']} divergent transitions")
@@ -51,17 +63,18 @@ def problems(diag: xr.Dataset) -> list[str]:
 
 
 def mixing_problems(diag: xr.Dataset) -> list[str]:
-    """The findings of :func:`problems` that more draws can resolve: R-hat > 1.01, ESS < 400 (not
-    divergences)."""
+    """The findings of :func:`problems` that more draws can resolve: R-hat > 1.01, ESS below
+    ``diag.attrs["ess_min"]`` (400 by default; not divergences)."""
     out = []
+    ess_min = float(diag.attrs.get("ess_min", ESS_MIN))
     rhat = diag["rhat"].to_series()
     ess = np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)
     bad = rhat[~(rhat <= RHAT_MAX)]
     if len(bad):
         out.append("R-hat > 1.01 for " + ", ".join(f"{k} ({v:.3f})" for k, v in bad.items()))
-    low = [f"{n} ({e:.0f})" for n, e in zip(diag["variable"].values, ess) if not e >= ESS_MIN]
+    low = [f"{n} ({e:.0f})" for n, e in zip(diag["variable"].values, ess) if not e >= ess_min]
     if low:
-        out.append("ESS < 400 for " + ", ".join(low))
+        out.append(f"ESS < {ess_min:g} for " + ", ".join(low))
     return out
 
 
@@ -70,7 +83,8 @@ def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (),
     ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.nuts.posterior_notes`)."""
     found = problems(diag)
     if found and not notes and not mixing_problems(diag):  # divergences alone: R-hat and ESS hold
-        warnings.warn(f"the {label} posterior has {found[0]} (R-hat <= {RHAT_MAX:g} and ESS >= {ESS_MIN:g} hold): "
+        warnings.warn(f"the {label} posterior has {found[0]} (R-hat <= {RHAT_MAX:g} and ESS >= "
+                      f"{diag.attrs.get('ess_min', ESS_MIN):g} hold): "
                       "its draws may miss a region where the posterior bends sharply. See where they are "
                       "(posterior.sample_stats['diverging']); a parameter against a prior bound or one that "
                       "spans orders of magnitude on its own scale is the usual cause.",

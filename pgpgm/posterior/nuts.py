@@ -57,6 +57,7 @@ from ..solve.op import ODEOp
 from .diagnostics import (
     ESS_MIN,
     Mode,
+    check_ess,
     diagnose,
     find_modes,
     mixing_problems,
@@ -977,6 +978,7 @@ def run_nuts(
     starts: Sequence[Mapping[str, float]] | None = None,
     metric: str = "adapt",
     started: float | None = None,
+    ess: float = ESS_MIN,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
     :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
@@ -1071,6 +1073,10 @@ def run_nuts(
     warn : warn (:class:`~pgpgm.errors.ConvergenceWarning`) when the result fails the checks, the
         budget stopped it or the chains sit in separate modes (:func:`pgpgm.fit` passes False and
         warns once for the whole fit)
+    ess : the bulk and tail ESS every variable must reach (default :data:`ESS_MIN`, 400): the chains go on
+        (within the budget and ``max_rounds``) until it does. An sd's Monte Carlo error is about
+        sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14, Lotka-Volterra
+        x1 observed with x2(0) unknown: ~10 % at ESS 400); ask for more where the sds must be sharper
 
     Returns
     -------
@@ -1086,6 +1092,7 @@ def run_nuts(
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
     if metric not in METRICS:
         raise DataError(f"metric must be one of {METRICS}, got {metric!r}")
+    ess = check_ess(ess)
     meter = BudgetMeter(PosteriorBudget.of(budget))
     if started is not None and meter.budget.seconds is not None:  # the model's building counts, up to a share
         meter.start = max(started, meter.start - (1.0 - MIN_SAMPLING_SHARE) * meter.budget.seconds)
@@ -1103,7 +1110,7 @@ def run_nuts(
                         "chain around center")
     if nuts_sampler == "nutpie":  # a watched run until R-hat and ESS pass (one more for divergences) or the budget ends
         return _run_nutpie(model, center, sd, covariance, meter, space, names, draws=draws, tune=tune, chains=chains,
-                           seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn)
+                           seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn, ess=ess)
     if starts is None:
         starts = dispersed_starts(space, center, sd, chains, rng)
     else:
@@ -1120,16 +1127,16 @@ def run_nuts(
     evaluations = [_gradient_evaluations(tree)]
     passed = None  # (draws, kept rounds) that passed R-hat and ESS with divergences, while a round tries without
     while rounds < max_rounds and _may_extend(chains, draws) and not meter.exhausted:
-        diag = diagnose(tree, names)
+        diag = diagnose(tree, names, ess)
         found = problems(diag)
         if not found or find_modes(tree, names):  # converged, or more rounds would pool separate modes
             break
-        ess = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
+        least = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
         mixing = mixing_problems(diag)
         if not mixing:  # divergences only: a round at a higher target replaces these draws if it passes too
             passed = (tree, kept)
         carry = bool(mixing) and (rounds > 1 or bool(np.nanmax(diag["rhat"].values) <= RHAT_CARRY))
-        n_draws = next_round_draws(tree.posterior.sizes["draw"], ess, draws, extends=carry)
+        n_draws = next_round_draws(tree.posterior.sizes["draw"], least, draws, extends=carry, ess_min=ess)
         n_tune = max(tune // 2, 100)
         # what the budget left affords: the last round's seconds per iteration (per chain) and leapfrog
         # steps per iteration; a round that cannot reach MIN_ROUND_DRAWS draws is not started
@@ -1160,9 +1167,9 @@ def run_nuts(
             break  # cut short by the budget before every chain drew: the kept draws stay the result
         tree = extend_chains(tree, more) if carry else more
         kept = [*kept, rounds] if carry else [rounds]
-    if passed is not None and mixing_problems(diagnose(tree, names)):
+    if passed is not None and mixing_problems(diagnose(tree, names, ess)):
         tree, kept = passed  # the round that was to remove the divergences did not pass R-hat and ESS
-    return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn, "pymc")
+    return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn, "pymc", ess)
 
 
 #: a nutpie run whose draws pass R-hat and ESS with divergences is followed by one run at
@@ -1177,7 +1184,7 @@ DIVERGENCE_RUN_COST = 3.0
 
 def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueSpace, names: list[str], *,
                 draws: int, tune: int, chains: int, seed: int | None, target_accept: float, max_rounds: int,
-                warn: bool) -> NUTSRun:
+                warn: bool, ess: float = ESS_MIN) -> NUTSRun:
     """:func:`run_nuts` with nutpie (its ``nuts_sampler="nutpie"``): one run until the draws pass R-hat and ESS,
     the chains sit in separate modes or the budget is spent; then, where the draws that passed hold
     divergences and the budget affords it (:data:`DIVERGENCE_RUN_COST`), one more at :data:`TARGET_ACCEPT_MAX`
@@ -1190,7 +1197,7 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
         return bool(meter.check(ahead))
 
     def converged(so_far) -> bool:
-        diag = diagnose(so_far, names)
+        diag = diagnose(so_far, names, ess)
         return not mixing_problems(diag) or bool(find_modes(so_far, names))
 
     whiten = None
@@ -1209,19 +1216,19 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
 
     tree, seconds = run(target_accept, seed)
     n = int(tree.posterior.sizes["draw"])
-    diag = diagnose(tree, names)
+    diag = diagnose(tree, names, ess)
     found = problems(diag)
     divergences_alone = bool(found) and not mixing_problems(diag) and not find_modes(tree, names)
     affordable = (not meter.exhausted and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
                   and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients)
     if not (divergences_alone and affordable and target_accept < TARGET_ACCEPT_MAX and max_rounds > 1):
-        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie")
+        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie", ess)
     before[0] = first = meter.gradients
     again, _ = run(TARGET_ACCEPT_MAX, None if seed is None else seed + 1000)
     n_again = int(again.posterior.sizes["draw"])
-    passes = not meter.exhausted and not mixing_problems(diagnose(again, names)) and not find_modes(again, names)
+    passes = not meter.exhausted and not mixing_problems(diagnose(again, names, ess)) and not find_modes(again, names)
     return _finish(again if passes else tree, names, meter, 2, [n, n_again], [2] if passes else [1],
-                   [first, meter.gradients - first], [found], warn, "nutpie")
+                   [first, meter.gradients - first], [found], warn, "nutpie", ess)
 
 
 def _budgeted_sample(meter: BudgetMeter, **kwargs):
@@ -1366,7 +1373,7 @@ class NUTSRun:
 
 
 def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool,
-            engine: str) -> NUTSRun:
+            engine: str, ess: float = ESS_MIN) -> NUTSRun:
     """The :class:`NUTSRun`, its facts also recorded in ``tree.attrs``; warns when asked."""
     modes = find_modes(tree, names)
     tree.attrs["pgpgm_sampler"] = engine
@@ -1378,7 +1385,7 @@ def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluati
     tree.attrs["pgpgm_budget"] = json.dumps(meter.record())
     tree.attrs["pgpgm_modes"] = json.dumps([m.record() for m in modes])
     if warn:
-        warn_if_unconverged(diagnose(tree, names), "NUTS", notes=posterior_notes(tree), stacklevel=4)
+        warn_if_unconverged(diagnose(tree, names, ess), "NUTS", notes=posterior_notes(tree), stacklevel=4)
     return NUTSRun(tree, rounds, tuple(round_draws), tuple(kept), tuple(map(int, evaluations)), tuple(reasons),
                    meter.record(), tuple(modes))
 
@@ -1426,15 +1433,16 @@ def posterior_notes(tree) -> list[str]:
 ROUND_ESS_MARGIN = 2.0
 
 
-def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool = False) -> int:
+def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool = False,
+                     ess_min: float = ESS_MIN) -> int:
     """Draws per chain of a further round of :func:`sample_posterior`: the min ESS per draw of the
-    last ``last_draws`` draws per chain carried to ``ROUND_ESS_MARGIN x ESS_MIN`` - less those
+    last ``last_draws`` draws per chain carried to ``ROUND_ESS_MARGIN x ess_min`` - less those
     draws when the round ``extends`` them (a round after the second whose kept draws have no
     divergence) - between ``draws`` and
     ``4 * draws`` (measured on LV x1 large noise, seed 1: a round of 2000 draws failed by one
     divergence only, and a next round of just ``draws`` = 500 then fell short of the ESS)."""
-    want = last_draws * ROUND_ESS_MARGIN * ESS_MIN / max(float(last_ess), 1.0) - (last_draws if extends else 0)
-    return int(np.ceil(np.clip(want, draws, 4 * draws)))
+    want = last_draws * ROUND_ESS_MARGIN * ess_min / max(float(last_ess), 1.0) - (last_draws if extends else 0)
+    return int(np.ceil(np.clip(want, draws, 4 * draws * max(ess_min / ESS_MIN, 1.0))))
 
 
 def _gradient_evaluations(tree) -> int:

@@ -226,10 +226,10 @@ def fit_study(
         engine = "pymc" if posterior.sampler == "auto" and hier else posterior.sampler
         run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
                        cores=posterior.cores, seed=seed, nuts_sampler=engine, max_rounds=posterior.rounds,
-                       progressbar=progressbar, budget=posterior.budget, warn=False)
+                       progressbar=progressbar, budget=posterior.budget, warn=False, ess=posterior.ess)
         tree = run.tree
         free_names = [rv.name for rv in model.free_RVs]
-        diag = diagnose(tree, free_names)
+        diag = diagnose(tree, free_names, posterior.ess)
         notes = posterior_notes(tree)
         if mixing_problems(diag):  # what the joint refinement says the data leave open
             notes += causes_of_poor_mixing([n for n, se in zip(best.names, best.stderr) if not np.isfinite(se)], ())
