@@ -1218,12 +1218,10 @@ def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors,
     (:func:`~pgpgm.posterior.scales.choose_scales` on the refinement's log likelihood and Fisher
     information, noise held at its refined parameters); the parameters left stay on the log scale, the
     initial values on the log-odds of their box."""
-    logged = set(log_scale_names(prior))
-    uppers = {n: s[1] for n, s in zip(prior.names, prior.specs) if n in logged}
-    variable = {n: n for n in uppers}
-    for s, spec in x0_priors.items():
-        if not callable(spec) and spec[0] == 0.0 and f"x0[{s}]" in ref.q_names:
-            uppers[f"x0[{s}]"], variable[f"x0[{s}]"] = spec[1], initial_value_name(s)
+    initial = {f"x0[{s}]": initial_value_name(s) for s in x0_priors}  # refinement name -> step 4's
+    boxes = Priors((*prior.names, *initial), (*prior.specs, *x0_priors.values()))
+    box = dict(zip(boxes.names, boxes.specs))
+    uppers = {n: box[n][1] for n in log_scale_names(boxes) if n in prior.names or n in ref.q_names}
     if not uppers:
         return {}
     scaled = problem.with_noise_sd(ref.noise_sd)
@@ -1237,7 +1235,7 @@ def _own_scale(problem: LeastSquaresProblem, ref: Refinement, prior: Priors,
             return 1.0 / np.sqrt(np.einsum("kq,kq->q", J, J))
 
     choices = choose_scales(logp, ref.q, ref.q_covariance, ref.q_names, uppers, conditional_sd)
-    return {variable[c.name]: c.width for c in choices if c.own}
+    return {initial.get(c.name, c.name): c.width for c in choices if c.own}
 
 
 def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[str, float], dict[str, float]]:

@@ -291,9 +291,10 @@ def build_ode_model(
     plotting = Integrator(system, plot_times, solver)
     coords = {"time": t, "time_dense": dense, "parameter": list(system.parameters), "observed": list(obs.states)}
     log_scale, own_scale = tuple(log_scale), dict(own_scale or {})
-    boxes = {**dict(zip(prior.names, prior.specs)), **{initial_value_name(s): v for s, v in unknown.items()}}
+    boxes = {"log_scale": dict(zip(prior.names, prior.specs))}  # own_scale: unknown latent initial values too
+    boxes["own_scale"] = {**boxes["log_scale"], **{initial_value_name(s): v for s, v in unknown.items()}}
     for name, what in [*((n, "log_scale") for n in log_scale), *((n, "own_scale") for n in own_scale)]:
-        spec = boxes.get(name) if what == "own_scale" or name in prior.names else None
+        spec = boxes[what].get(name)
         if spec is None or callable(spec) or spec[0] != 0.0:
             raise DataError(f"{what} names {name!r}: only parameters (own_scale: and unknown latent initial "
                             f"values) with a Uniform(0, upper) prior can be sampled on another scale")
@@ -1184,7 +1185,7 @@ DIVERGENCE_RUN_COST = 3.0
 
 def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueSpace, names: list[str], *,
                 draws: int, tune: int, chains: int, seed: int | None, target_accept: float, max_rounds: int,
-                warn: bool, ess: float = ESS_MIN) -> NUTSRun:
+                warn: bool, ess: float) -> NUTSRun:
     """:func:`run_nuts` with nutpie (its ``nuts_sampler="nutpie"``): one run until the draws pass R-hat and ESS,
     the chains sit in separate modes or the budget is spent; then, where the draws that passed hold
     divergences and the budget affords it (:data:`DIVERGENCE_RUN_COST`), one more at :data:`TARGET_ACCEPT_MAX`
@@ -1373,7 +1374,7 @@ class NUTSRun:
 
 
 def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool,
-            engine: str, ess: float = ESS_MIN) -> NUTSRun:
+            engine: str, ess: float) -> NUTSRun:
     """The :class:`NUTSRun`, its facts also recorded in ``tree.attrs``; warns when asked."""
     modes = find_modes(tree, names)
     tree.attrs["pgpgm_sampler"] = engine
