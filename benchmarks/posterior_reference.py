@@ -30,13 +30,19 @@ curvature, whether a fit's draws reach it is chance. Wall times: pgpgm's step 4 
 compilation included) and whole fit; numpyro's sampling (4 x the median chain after the first) and whole
 (every chain, the first one's compilation included).
 
+``--reference-cache DIR`` keeps each reference's draws in DIR and reads them back in a later run on the same
+data, priors and settings (the file name holds the settings and a hash of the data): the reference does not
+depend on pgpgm's code, so a change of pgpgm is measured against the same draws without their hour.
+
 Needs the ``reference`` extra: ``pip install "pgpgm[reference]"`` (jax, numpyro, diffrax).
 Takes ~15-30 min on the shared 2-core machine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
 import statistics
 import sys
 import time
@@ -224,6 +230,48 @@ def run_reference(key: str, numbers: dict[str, Any], parameters: list[str], star
             "leapfrog": sum(e[1] for e in extra), "numpyro": numpyro.__version__}
 
 
+def _reference_file(folder: str, key: str, numbers: dict[str, Any], settings: dict[str, Any]):
+    """Where the reference of ``key`` with ``settings`` on the data in ``numbers`` is stored in ``folder``: the
+    name holds the settings and a hash of the data, the priors and the observation times, so that a reference
+    is reused only for the same posterior."""
+    digest = hashlib.sha256(repr(sorted(numbers["free"].items())).encode())
+    for name in sorted(numbers["data"]):
+        digest.update(name.encode() + np.ascontiguousarray(numbers["data"][name], float).tobytes())
+    digest.update(np.ascontiguousarray(numbers["times"], float).tobytes())
+    tag = "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in settings.items())
+    return pathlib.Path(folder) / f"{key}_{tag.replace('.', 'p')}_{digest.hexdigest()[:12]}"
+
+
+def cached_reference(folder: str | None, key: str, numbers: dict[str, Any], settings: dict[str, Any]):
+    """The reference stored by :func:`store_reference` for this posterior and these settings, or None."""
+    if not folder:
+        return None
+    path = _reference_file(folder, key, numbers, settings)
+    numbers_file, draws_file = path.parent / f"{path.name}.json", path.parent / f"{path.name}.npz"
+    if not numbers_file.exists():
+        return None
+    ref = json.loads(numbers_file.read_text())
+    with np.load(draws_file) as samples:
+        ref["samples"] = {k: samples[k] for k in samples.files}
+    print(f"  reference {key}: read from {path} (the same data, priors and settings)", flush=True)
+    return ref
+
+
+def store_reference(folder: str | None, key: str, numbers: dict[str, Any], settings: dict[str, Any],
+                    ref: dict[str, Any]) -> None:
+    """Keep ``ref`` (:func:`run_reference`'s draws and numbers) in ``folder`` for a later run on the same
+    posterior (``--reference-cache``): the reference does not depend on pgpgm's code."""
+    if not folder:
+        return
+    path = _reference_file(folder, key, numbers, settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path.parent / f"{path.name}.npz", **ref["samples"])
+    rest = {k: v for k, v in ref.items() if k != "samples"}
+    rest["diag"] = {n: {s: float(np.asarray(v)) for s, v in d.items() if np.asarray(v).size == 1}
+                    for n, d in ref["diag"].items()}
+    (path.parent / f"{path.name}.json").write_text(json.dumps(rest))
+
+
 # ------------------------------------------------------------------------------------------
 # one case
 # ------------------------------------------------------------------------------------------
@@ -282,8 +330,12 @@ def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             start[name] = x0_true[state]
         else:
             start[name] = params[0]
-    ref = run_reference(key, numbers, parameters, start, chains=args.chains, warmup=args.warmup, draws=args.draws,
-                        seed=args.seed, target_accept=args.target_accept)
+    settings = dict(chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
+                    target_accept=args.target_accept)
+    ref = cached_reference(args.reference_cache, key, numbers, settings)
+    if ref is None:
+        ref = run_reference(key, numbers, parameters, start, **settings)
+        store_reference(args.reference_cache, key, numbers, settings, ref)
     rows = _rows(key, "default", result, numbers, ref, step4_s, args.ess[0])
     for ess in args.ess:  # each ESS target's fits against the same reference
         # the same data, other chains: how much of a verdict is the draws' chance
@@ -332,6 +384,9 @@ def main() -> int:
                     help="the reference's NUTS target acceptance (0.99: no divergences on the three cases)")
     ap.add_argument("--fit-seeds", default="",
                     help="comma-separated seeds of further pgpgm fits of the same data against the same reference")
+    ap.add_argument("--reference-cache", default="",
+                    help="a folder where each reference's draws are kept and read back by a later run on the same "
+                         "data, priors and settings (the reference does not depend on pgpgm's code)")
     ap.add_argument("--from-partial", action="store_true",
                     help="write the result files from results/OUT.partial.jsonl (the cases a cut run finished)")
     args = ap.parse_args()

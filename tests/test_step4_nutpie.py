@@ -4,7 +4,9 @@ that passes R-hat and ESS ends there, chains cut to equal length (issue 30)."""
 import json
 import warnings
 
+import arviz_stats
 import numpy as np
+import pymc as pm
 import pytest
 import xarray as xr
 
@@ -498,7 +500,7 @@ def test_divergences_in_draws_that_pass_bring_one_run_at_the_highest_target_wher
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         tree = sample_posterior(model, center, sd, draws=500, tune=500, chains=4, seed=2, progressbar=False,
-                                nuts_sampler="nutpie")
+                                nuts_sampler="nutpie", sd_error=None)
     assert tree.attrs["pgpgm_rounds"] == 2 and json.loads(tree.attrs["pgpgm_kept_rounds"]) == [2]
     problems = json.loads(tree.attrs["pgpgm_round_problems"])
     assert len(problems) == 1 and "divergent transitions" in problems[0][-1]
@@ -514,6 +516,39 @@ def test_divergences_in_draws_that_pass_bring_one_run_at_the_highest_target_wher
 
     with pytest.warns(ConvergenceWarning, match="divergent transitions"):
         alone = sample_posterior(model, center, sd, draws=500, tune=500, chains=4, seed=2, progressbar=False,
-                                 nuts_sampler="nutpie", budget=PosteriorBudget(None, 2 * first))
+                                 nuts_sampler="nutpie", budget=PosteriorBudget(None, 2 * first), sd_error=None)
     assert alone.attrs["pgpgm_rounds"] == 1 and alone.posterior.sizes["draw"] == n_first
     assert int(alone.sample_stats["diverging"].sum()) > 0
+
+
+def test_draws_that_pass_go_on_until_every_sd_is_known_to_the_goal():
+    """A Student-t posterior (nu 5: kurtosis 9, sd sqrt(5/3)) passes R-hat and ESS with its sd uncertain by
+    more than 3 %; with sd_error=0.03 the chains go on (no budget) until every sd's Monte Carlo error is at most
+    3 % (ArviZ's mcse of the sd, recomputed here) with more draws than sd_error=None's, and the sd is within 3
+    of those errors of the exact one. With a gradient budget the extension stops by SHARPEN_SHARE of it and
+    the draws that passed come back with no budget stop recorded."""
+    from pgpgm.posterior.nuts import SHARPEN_SHARE
+
+    with pm.Model() as model:
+        pm.StudentT("t", nu=5.0, mu=0.0, sigma=1.0)
+        pm.Normal("n", 0.0, 2.0)
+    center, sd = {"t": 0.0, "n": 0.0}, {"t": 1.3, "n": 2.0}
+    kw = dict(draws=500, tune=500, chains=4, seed=2, progressbar=False, nuts_sampler="nutpie")
+    plain = sample_posterior(model, center, sd, sd_error=None, **kw)
+    sharp = sample_posterior(model, center, sd, sd_error=0.03, **kw)
+    assert not mixing_problems(diagnose(plain, ["t", "n"]))
+
+    def error(tree, n):
+        return float(arviz_stats.mcse(tree, var_names=[n], method="sd")[n]) / float(tree.posterior[n].std(ddof=1))
+
+    recorded = json.loads(sharp.attrs["pgpgm_sd_error"])
+    assert recorded["goal"] == 0.03 and recorded["errors"]["t"] == pytest.approx(error(sharp, "t"), rel=1e-9)
+    assert error(plain, "t") > 0.03 and max(error(sharp, "t"), error(sharp, "n")) <= 0.03
+    assert sharp.posterior.sizes["draw"] > plain.posterior.sizes["draw"]
+    exact = np.sqrt(5.0 / 3.0)
+    assert abs(float(sharp.posterior["t"].std(ddof=1)) - exact) <= 3 * error(sharp, "t") * exact
+    grads = sum(json.loads(plain.attrs["pgpgm_round_gradient_evaluations"]))
+    capped = sample_posterior(model, center, sd, sd_error=0.03, budget=PosteriorBudget(None, 2 * grads), **kw)
+    spent = json.loads(capped.attrs["pgpgm_budget"])
+    assert spent["exhausted"] == "" and spent["used_gradient_evaluations"] <= (SHARPEN_SHARE + 0.25) * 2 * grads
+    assert not mixing_problems(diagnose(capped, ["t", "n"]))

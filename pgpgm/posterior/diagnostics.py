@@ -14,6 +14,37 @@ from ..errors import ConvergenceWarning, DataError
 
 #: The thresholds of a converged posterior (Vehtari et al. 2021).
 RHAT_MAX, ESS_MIN = 1.01, 400
+#: the Monte Carlo error of every variable's posterior sd, relative to the sd, that step 4 goes on towards
+#: once R-hat and ESS pass, as far as its budget affords (:func:`pgpgm.posterior.nuts.run_nuts`). At ESS 400
+#: a Gaussian posterior's sd is uncertain by ~3.5 %, a heavy-tailed one's by 7-14 % (Lotka-Volterra x1
+#: observed, lognormal noise or x2(0) unknown: kurtosis ~14), too much for an sd that should be right within
+#: 10 %; 5 % asks those posteriors for ~2-8x the draws and a Gaussian one for none (benchmarks/RESULTS.md)
+SD_ERROR = 0.05
+
+
+def check_sd_error(sd_error, name: str = "sd_error") -> float | None:
+    """``sd_error`` as a float (None: no such goal), or a :class:`~pgpgm.errors.DataError` naming ``name``
+    unless it is a number in (0, 1)."""
+    if sd_error is None:
+        return None
+    if isinstance(sd_error, bool) or not (isinstance(sd_error, int | float | np.integer | np.floating)
+                                          and 0 < sd_error < 1):
+        raise DataError(f"{name} must be a number in (0, 1) (the Monte Carlo error of each posterior sd, relative "
+                        f"to the sd, that step 4 goes on towards) or None, got {sd_error!r}")
+    return float(sd_error)
+
+
+def sd_errors(tree, var_names: Sequence[str]) -> np.ndarray:
+    """(variables,) each variable's posterior sd's Monte Carlo standard error (ArviZ's ``mcse``, method
+    ``"sd"``: from the chains' autocorrelation and the draws' kurtosis) over the sd; NaN where the sd is 0."""
+    names = list(var_names)
+    if not names:
+        return np.zeros(0)
+    post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
+    mcse = arviz_stats.mcse(tree, var_names=names, method="sd")
+    sd = np.array([float(np.asarray(post[n].values, float).std(ddof=1)) for n in names])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.array([float(mcse[n]) for n in names]) / np.where(sd > 0, sd, np.nan)
 
 
 def check_ess(ess, name: str = "ess") -> float:
@@ -31,20 +62,21 @@ def diagnose(tree, var_names: Sequence[str], ess_min: float = ESS_MIN) -> xr.Dat
     Returns
     -------
     xarray.Dataset
-        ``rhat``, ``ess_bulk``, ``ess_tail`` (variable); attrs ``divergences``, ``chains``, ``draws``,
-        ``ess_min``.
+        ``rhat``, ``ess_bulk``, ``ess_tail``, ``sd_error`` (the sd's Monte Carlo error over the sd,
+        :func:`sd_errors`) (variable); attrs ``divergences``, ``chains``, ``draws``, ``ess_min``.
     """
     names = list(var_names)
     post = tree.posterior if hasattr(tree, "posterior") else tree["posterior"]
     div = 0
     if "sample_stats" in tree.children and "diverging" in tree["sample_stats"].data_vars:
         div = int(np.asarray(tree["sample_stats"]["diverging"]).sum())
-    values = {"rhat": [], "ess_bulk": [], "ess_tail": []}  # empty without variables (a fit with no free parameter)
+    values = {"rhat": [], "ess_bulk": [], "ess_tail": [], "sd_error": []}  # empty without variables
     if names:
         values = {"rhat": arviz_stats.rhat(tree, var_names=names),
                   "ess_bulk": arviz_stats.ess(tree, var_names=names, method="bulk"),
                   "ess_tail": arviz_stats.ess(tree, var_names=names, method="tail")}
         values = {k: [float(v[n]) for n in names] for k, v in values.items()}
+        values["sd_error"] = list(sd_errors(tree, names))
     return xr.Dataset(
         {k: ("variable", np.asarray(v, float)) for k, v in values.items()},
         coords={"variable": np.asarray(names, dtype=str)},

@@ -112,7 +112,8 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
                   target_accept: float, max_treedepth: int, max_draws: int, spent: Callable[[int], bool],
                   converged: Callable[[xr.DataTree], bool],
                   whiten: tuple[np.ndarray, np.ndarray] | None = None,
-                  seconds_left: Callable[[], float] | None = None, watched: Sequence[str] = ()) -> xr.DataTree:
+                  seconds_left: Callable[[], float] | None = None, watched: Sequence[str] = (),
+                  extend: Callable[[xr.DataTree | None, int, int], bool] | None = None) -> xr.DataTree:
     """Sample ``model`` with nutpie from ``start`` until ``converged`` or ``spent``.
 
     Parameters
@@ -136,6 +137,11 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
         60 s budget ended at 61.5 s) - the draws returned at the end are judged anyway
     watched : the scalar variables ``converged`` reads: a check then reads only these and :data:`CHECK_STATS`
         (:func:`checked_draws`), and the whole trace once it passed; empty: every check reads the whole trace
+    extend : whether the run goes on after a check passed (e.g. towards sharper sds): called at every check
+        from the first that passed on, with its draws where they pass ``converged`` too (None where they do not),
+        its draw count per chain and the next check's; True goes on to that check, False ends the run. The draws
+        returned are then those of the last check that passed (also where the budget or ``max_draws`` ends
+        the run first); None: the first check that passes ends the run
 
     Returns
     -------
@@ -168,12 +174,13 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
     points = iter(check_points(int(draws), int(max_draws)))
     check = next(points)  # the next check: at this many draws of every chain
     passed = None  # the draws that passed the check (the chains run on a little before the abort)
+    done = False  # True once a check ended the run
     check_seconds = 0.0  # how long the last check took (reading the trace grows with the draws)
-    while not _finished(run) and passed is None:
+    while not _finished(run) and not done:
         time.sleep(POLL)
         if spent(steps[0], check_seconds):  # ending reads the trace back, as long as the last check did
             break
-        while passed is None and check <= min(drawn[0], max_draws):
+        while not done and check <= min(drawn[0], max_draws):
             if seconds_left is not None and seconds_left() < 2 * check_seconds:
                 break  # it, and reading the trace back after it, would end past the budget
             if spent(steps[0], check_seconds):
@@ -182,9 +189,13 @@ def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: i
             so_far = checked_draws(run, watched, check) if watched else equal_chains(_quietly(run.inspect), check)
             if so_far is None or so_far.posterior.sizes["draw"] < check:  # the progress report ran ahead
                 break
-            if converged(so_far):
+            ok = converged(so_far)
+            if ok:
                 passed = so_far if not watched else equal_chains(_quietly(run.inspect), check)
-            check = next(points, np.iinfo(np.int64).max)
+            following = next(points, np.iinfo(np.int64).max)
+            if passed is not None:
+                done = extend is None or following > max_draws or not extend(so_far if ok else None, check, following)
+            check = following
             check_seconds = time.perf_counter() - began
     tree = _quietly(run.wait if _finished(run) else run.abort)
     spent(steps[0])

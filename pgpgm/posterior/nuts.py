@@ -29,7 +29,7 @@ import inspect
 import json
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -56,13 +56,16 @@ from ..solve import Integrator, Solver
 from ..solve.op import ODEOp
 from .diagnostics import (
     ESS_MIN,
+    SD_ERROR,
     Mode,
     check_ess,
+    check_sd_error,
     diagnose,
     find_modes,
     mixing_problems,
     modes_note,
     problems,
+    sd_errors,
     warn_if_unconverged,
 )
 from .nutpie_engine import sample_nutpie
@@ -980,6 +983,7 @@ def run_nuts(
     metric: str = "adapt",
     started: float | None = None,
     ess: float = ESS_MIN,
+    sd_error: float | None = SD_ERROR,
 ):
     """NUTS on ``model`` from around ``center`` (constrained values of its free variables), as
     :func:`sample_posterior` (which returns the draws alone); returns the :class:`NUTSRun`.
@@ -1078,6 +1082,14 @@ def run_nuts(
         (within the budget and ``max_rounds``) until it does. An sd's Monte Carlo error is about
         sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14, Lotka-Volterra
         x1 observed with x2(0) unknown: ~10 % at ESS 400); ask for more where the sds must be sharper
+    sd_error : once R-hat and ESS pass, the chains go on while some variable's sd has a Monte Carlo error
+        (:func:`~pgpgm.posterior.diagnostics.sd_errors`) above this fraction of the sd (default
+        :data:`~pgpgm.posterior.diagnostics.SD_ERROR`, 5 %) and the budget's :data:`SHARPEN_SHARE` (3/4)
+        affords it (:class:`SharperSds`; PyMC's engine: one more round that extends the chains by the draws
+        the errors ask for, as far as that share affords); a check that fails on the way ends it with the draws
+        that passed. A Gaussian posterior's sds reach 5 % at ESS ~200, so only heavy tails draw more.
+        ``json.loads(tree.attrs["pgpgm_sd_error"])``: the goal and each variable's error at the end. None: stop
+        where R-hat and ESS pass
 
     Returns
     -------
@@ -1093,7 +1105,7 @@ def run_nuts(
         raise DataError(f"max_rounds must be a whole number >= 1, got {max_rounds!r}")
     if metric not in METRICS:
         raise DataError(f"metric must be one of {METRICS}, got {metric!r}")
-    ess = check_ess(ess)
+    ess, sd_error = check_ess(ess), check_sd_error(sd_error)
     meter = BudgetMeter(PosteriorBudget.of(budget))
     if started is not None and meter.budget.seconds is not None:  # the model's building counts, up to a share
         meter.start = max(started, meter.start - (1.0 - MIN_SAMPLING_SHARE) * meter.budget.seconds)
@@ -1111,7 +1123,8 @@ def run_nuts(
                         "chain around center")
     if nuts_sampler == "nutpie":  # a watched run until R-hat and ESS pass (one more for divergences) or the budget ends
         return _run_nutpie(model, center, sd, covariance, meter, space, names, draws=draws, tune=tune, chains=chains,
-                           seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn, ess=ess)
+                           seed=seed, target_accept=target_accept, max_rounds=max_rounds, warn=warn, ess=ess,
+                           sd_error=sd_error)
     if starts is None:
         starts = dispersed_starts(space, center, sd, chains, rng)
     else:
@@ -1127,33 +1140,50 @@ def run_nuts(
     rounds, reasons, round_draws, kept = 1, [], [tree.posterior.sizes["draw"]], [1]
     evaluations = [_gradient_evaluations(tree)]
     passed = None  # (draws, kept rounds) that passed R-hat and ESS with divergences, while a round tries without
+    sharpened = None  # (draws, kept rounds) that passed every check, while a round extends them for sharper sds
     while rounds < max_rounds and _may_extend(chains, draws) and not meter.exhausted:
         diag = diagnose(tree, names, ess)
         found = problems(diag)
-        if not found or find_modes(tree, names):  # converged, or more rounds would pool separate modes
+        if find_modes(tree, names):  # more rounds would pool separate modes
             break
+        worst = float(np.nanmax(diag["sd_error"].values, initial=0.0))
+        if not found and (sd_error is None or not worst > sd_error or sharpened is not None):
+            break  # converged (one round for sharper sds at most)
         least = float(np.nanmin(np.minimum(diag["ess_bulk"].values, diag["ess_tail"].values)))
         mixing = mixing_problems(diag)
-        if not mixing:  # divergences only: a round at a higher target replaces these draws if it passes too
+        if found and not mixing:  # divergences only: a round at a higher target replaces these draws if it passes
             passed = (tree, kept)
-        carry = bool(mixing) and (rounds > 1 or bool(np.nanmax(diag["rhat"].values) <= RHAT_CARRY))
-        n_draws = next_round_draws(tree.posterior.sizes["draw"], least, draws, extends=carry, ess_min=ess)
+        carry = not found or bool(mixing) and (rounds > 1 or bool(np.nanmax(diag["rhat"].values) <= RHAT_CARRY))
+        n_kept = int(tree.posterior.sizes["draw"])
+        n_draws = (next_round_draws(n_kept, least, draws, extends=carry, ess_min=ess) if found else
+                   int(np.ceil(n_kept * ((worst / sd_error) ** 2 - 1))))  # the draws the sd errors ask for
         n_tune = max(tune // 2, 100)
-        # what the budget left affords: the last round's seconds per iteration (per chain) and leapfrog
-        # steps per iteration; a round that cannot reach MIN_ROUND_DRAWS draws is not started
+        # what the budget left affords (for sharper sds: up to its SHARPEN_SHARE): the last round's seconds per
+        # iteration (per chain) and leapfrog steps per iteration; a round that cannot reach MIN_ROUND_DRAWS
+        # draws is not started
         iterations = max(int(last.sample_stats.sizes["draw"]) + last_tune, 1)
         steps = float(np.mean(last.sample_stats["n_steps"])) if "n_steps" in last.sample_stats else 1.0
-        by_time = 0.9 * meter.seconds_left() / max(seconds / iterations, 1e-9)
-        by_gradients = 0.9 * meter.gradients_left() / max(steps * chains, 1.0)
+        if found:
+            left, grads_left = 0.9 * meter.seconds_left(), 0.9 * meter.gradients_left()
+        else:
+            seconds_cap, grads_cap = meter.budget.seconds, meter.budget.gradient_evaluations
+            left = np.inf if seconds_cap is None else SHARPEN_SHARE * seconds_cap - meter.elapsed()
+            grads_left = np.inf if grads_cap is None else SHARPEN_SHARE * grads_cap - meter.gradients
+        by_time = left / max(seconds / iterations, 1e-9)
+        by_gradients = grads_left / max(steps * chains, 1.0)
         affordable = min(by_time, by_gradients)
         if affordable - n_tune < min(draws, MIN_ROUND_DRAWS):
-            meter.exhausted = "seconds" if by_time <= by_gradients else "gradient evaluations"
+            if found:
+                meter.exhausted = "seconds" if by_time <= by_gradients else "gradient evaluations"
             break
+        if not found:
+            sharpened = (tree, kept)
         n_draws = int(min(n_draws, affordable - n_tune))
-        reasons.append(found)
+        reasons.append(found or [f"sd errors up to {worst:.1%} (goal {sd_error:.0%})"])
         post = tree.posterior
         starts = continuing_starts(space, post)
-        target_accept = max(target_accept, min(1.0 - (1.0 - target_accept) / 2, TARGET_ACCEPT_MAX))
+        if found:  # (sharper sds alone: the same target)
+            target_accept = max(target_accept, min(1.0 - (1.0 - target_accept) / 2, TARGET_ACCEPT_MAX))
         step = pm.NUTS(model=model, potential=QuadPotentialFull(pooled_covariance(space, post)),
                        target_accept=target_accept, max_treedepth=MAX_TREEDEPTH, logp_dlogp_func=space.logp_dlogp)
         t_round = time.perf_counter()
@@ -1170,7 +1200,12 @@ def run_nuts(
         kept = [*kept, rounds] if carry else [rounds]
     if passed is not None and mixing_problems(diagnose(tree, names, ess)):
         tree, kept = passed  # the round that was to remove the divergences did not pass R-hat and ESS
-    return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn, "pymc", ess)
+    if sharpened is not None:
+        if problems(diagnose(tree, names, ess)) or find_modes(tree, names):
+            tree, kept = sharpened  # the extension for sharper sds failed a check: the draws that passed
+        meter.exhausted = ""  # a budget that ended it cut draws that had passed
+    return _finish(tree, names, meter, rounds, round_draws, kept, evaluations, reasons, warn, "pymc", ess,
+                   sd_error)
 
 
 #: a nutpie run whose draws pass R-hat and ESS with divergences is followed by one run at
@@ -1185,11 +1220,11 @@ DIVERGENCE_RUN_COST = 3.0
 
 def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueSpace, names: list[str], *,
                 draws: int, tune: int, chains: int, seed: int | None, target_accept: float, max_rounds: int,
-                warn: bool, ess: float) -> NUTSRun:
-    """:func:`run_nuts` with nutpie (its ``nuts_sampler="nutpie"``): one run until the draws pass R-hat and ESS,
-    the chains sit in separate modes or the budget is spent; then, where the draws that passed hold
-    divergences and the budget affords it (:data:`DIVERGENCE_RUN_COST`), one more at :data:`TARGET_ACCEPT_MAX`
-    whose draws replace them when they pass too."""
+                warn: bool, ess: float, sd_error: float | None) -> NUTSRun:
+    """:func:`run_nuts` with nutpie (its ``nuts_sampler="nutpie"``): one run until the draws pass R-hat and ESS
+    (and then on while :class:`SharperSds` says so), the chains sit in separate modes or the budget is spent;
+    then, where the draws that passed hold divergences and the budget affords it (:data:`DIVERGENCE_RUN_COST`),
+    one more at :data:`TARGET_ACCEPT_MAX` whose draws replace them when they pass too."""
     start = {n: np.asarray(v, float) for n, v in center.items() if n in {rv.name for rv in space.rvs}}
     before = [0]  # gradient evaluations of the runs before this one
 
@@ -1209,27 +1244,85 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
 
     def run(accept: float, seed_: int | None):
         t0 = time.perf_counter()
+        # draws with divergences are followed by a run at TARGET_ACCEPT_MAX that replaces them: not sharpened
+        sharper = None if sd_error is None or not extends else SharperSds(
+            meter, names, sd_error, mixed=lambda so_far: not mixing_problems(diagnose(so_far, names, ess)),
+            stop_at_divergences=lambda: (accept < TARGET_ACCEPT_MAX and max_rounds > 1
+                                         and affords_rerun(time.perf_counter() - t0)))
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed_,
                              target_accept=accept, max_treedepth=MAX_TREEDEPTH,
                              max_draws=draws * 2 ** (max_rounds - 1) if extends else draws, spent=spent,
-                             converged=converged, whiten=whiten, seconds_left=meter.seconds_left, watched=names)
+                             converged=converged, whiten=whiten, seconds_left=meter.seconds_left, watched=names,
+                             extend=sharper)
+        if sharper is not None and sharper.went_on and meter.exhausted and "posterior" in tree.children \
+                and not mixing_problems(diagnose(tree, names, ess)):
+            meter.exhausted = ""  # the budget ended a run past draws that passed, which it returned
         return _kept_draws(tree, stopped=bool(meter.exhausted)), time.perf_counter() - t0  # stopped tuning: half
+
+    def affords_rerun(seconds: float) -> bool:  # a run at TARGET_ACCEPT_MAX after one of these seconds
+        return (not meter.exhausted and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
+                and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients)
 
     tree, seconds = run(target_accept, seed)
     n = int(tree.posterior.sizes["draw"])
     diag = diagnose(tree, names, ess)
     found = problems(diag)
     divergences_alone = bool(found) and not mixing_problems(diag) and not find_modes(tree, names)
-    affordable = (not meter.exhausted and meter.seconds_left() >= DIVERGENCE_RUN_COST * seconds
-                  and meter.gradients_left() >= DIVERGENCE_RUN_COST * meter.gradients)
-    if not (divergences_alone and affordable and target_accept < TARGET_ACCEPT_MAX and max_rounds > 1):
-        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie", ess)
+    if not (divergences_alone and affords_rerun(seconds) and target_accept < TARGET_ACCEPT_MAX and max_rounds > 1):
+        return _finish(tree, names, meter, 1, [n], [1], [meter.gradients], [], warn, "nutpie", ess, sd_error)
     before[0] = first = meter.gradients
     again, _ = run(TARGET_ACCEPT_MAX, None if seed is None else seed + 1000)
     n_again = int(again.posterior.sizes["draw"])
     passes = not meter.exhausted and not mixing_problems(diagnose(again, names, ess)) and not find_modes(again, names)
     return _finish(again if passes else tree, names, meter, 2, [n, n_again], [2] if passes else [1],
-                   [first, meter.gradients - first], [found], warn, "nutpie", ess)
+                   [first, meter.gradients - first], [found], warn, "nutpie", ess, sd_error)
+
+
+#: the share of a budget (its seconds and gradient evaluations) up to which step 4 goes on towards sharper sds
+#: (:data:`~pgpgm.posterior.diagnostics.SD_ERROR`) once R-hat and ESS pass: a default fit that converged in
+#: 20 s ends by 45 s of its 60, never at the budget
+SHARPEN_SHARE = 0.75
+
+
+class SharperSds:
+    """Whether a run whose draws passed R-hat and ESS goes on to its next check: while some variable's sd has
+    a Monte Carlo error above ``sd_error`` of the sd (:func:`~pgpgm.posterior.diagnostics.sd_errors`) and
+    the budget's :data:`SHARPEN_SHARE` affords reaching that check at the pace of the draws so far. Draws with
+    divergences are not sharpened where ``stop_at_divergences()`` (a run at a higher target will replace them); a
+    check that fails (``None``, or draws that do not pass ``mixed``) after one passed goes on while affordable,
+    the draws of the last check that passed being kept. The extension's end depends on the machine's speed
+    only where the budget ends it. The :func:`~pgpgm.posterior.nutpie_engine.sample_nutpie` ``extend``
+    callable."""
+
+    def __init__(self, meter: BudgetMeter, names: Sequence[str], sd_error: float, *,
+                 stop_at_divergences: Callable[[], bool], mixed: Callable[[Any], bool]):
+        self.meter, self.names, self.sd_error = meter, list(names), float(sd_error)
+        self.stop_at_divergences, self.mixed = stop_at_divergences, mixed
+        self.last: tuple[float, int, int] | None = None  # (seconds, gradient evaluations, draws) at the last call
+        self.went_on = False  # whether it went on past draws that passed
+
+    def __call__(self, so_far, at: int, following: int) -> bool:
+        now, grads = self.meter.elapsed(), self.meter.gradients
+        # the pace since the last call (the first: none known - the run's time holds its compilation - so it
+        # goes on to the next check, GROWTH^(1/2) ~ 1.12x the draws, where the pace is measured)
+        pace = (0.0, 0.0) if self.last is None else (
+            (now - self.last[0]) / max(at - self.last[2], 1), (grads - self.last[1]) / max(at - self.last[2], 1))
+        self.last = (now, grads, at)
+        if so_far is not None:
+            if not self.mixed(so_far):
+                return False  # passed as separate modes: named, not sharpened
+            if not np.nanmax(sd_errors(so_far, self.names), initial=0.0) > self.sd_error:
+                return False
+            stats = so_far["sample_stats"] if "sample_stats" in so_far.children else None
+            if stats is not None and "diverging" in stats.data_vars and bool(np.asarray(stats["diverging"]).any()) \
+                    and self.stop_at_divergences():
+                return False
+        budget, ahead = self.meter.budget, following - at
+        affords = ((budget.seconds is None or now + pace[0] * ahead <= SHARPEN_SHARE * budget.seconds)
+                   and (budget.gradient_evaluations is None
+                        or grads + pace[1] * ahead <= SHARPEN_SHARE * budget.gradient_evaluations))
+        self.went_on = self.went_on or affords
+        return affords
 
 
 def _budgeted_sample(meter: BudgetMeter, **kwargs):
@@ -1374,9 +1467,12 @@ class NUTSRun:
 
 
 def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluations, reasons, warn: bool,
-            engine: str, ess: float) -> NUTSRun:
+            engine: str, ess: float, sd_error: float | None) -> NUTSRun:
     """The :class:`NUTSRun`, its facts also recorded in ``tree.attrs``; warns when asked."""
     modes = find_modes(tree, names)
+    errors = sd_errors(tree, names) if "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 3 \
+        else np.full(len(names), np.nan)
+    tree.attrs["pgpgm_sd_error"] = json.dumps({"goal": sd_error, "errors": dict(zip(names, map(float, errors)))})
     tree.attrs["pgpgm_sampler"] = engine
     tree.attrs["pgpgm_rounds"] = rounds
     tree.attrs["pgpgm_round_draws"] = json.dumps(round_draws)

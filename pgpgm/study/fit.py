@@ -226,7 +226,8 @@ def fit_study(
         engine = "pymc" if posterior.sampler == "auto" and hier else posterior.sampler
         run = run_nuts(model, center, spread, covariance=covariance, draws=posterior.draws, tune=posterior.tune, chains=posterior.chains,
                        cores=posterior.cores, seed=seed, nuts_sampler=engine, max_rounds=posterior.rounds,
-                       progressbar=progressbar, budget=posterior.budget, warn=False, ess=posterior.ess)
+                       progressbar=progressbar, budget=posterior.budget, warn=False, ess=posterior.ess,
+                       sd_error=posterior.sd_error)
         tree = run.tree
         free_names = [rv.name for rv in model.free_RVs]
         diag = diagnose(tree, free_names, posterior.ess)
