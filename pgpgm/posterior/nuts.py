@@ -1232,9 +1232,15 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
         meter.gradients = before[0] + steps
         return bool(meter.check(ahead))
 
+    last = {}  # the last check's draws and their diagnosis (read by converged and then by SharperSds)
+
+    def diagnosed(so_far) -> xr.Dataset:
+        if last.get("tree") is not so_far:
+            last.update(tree=so_far, diag=diagnose(so_far, names, ess))
+        return last["diag"]
+
     def converged(so_far) -> bool:
-        diag = diagnose(so_far, names, ess)
-        return not mixing_problems(diag) or bool(find_modes(so_far, names))
+        return not mixing_problems(diagnosed(so_far)) or bool(find_modes(so_far, names))
 
     whiten = None
     if _scalar_values(model):  # the Laplace approximation whitens nutpie's coordinates
@@ -1246,8 +1252,7 @@ def _run_nutpie(model, center, sd, covariance, meter: BudgetMeter, space: ValueS
         t0 = time.perf_counter()
         # draws with divergences are followed by a run at TARGET_ACCEPT_MAX that replaces them: not sharpened
         sharper = None if sd_error is None or not extends else SharperSds(
-            meter, names, sd_error, mixed=lambda so_far: not mixing_problems(diagnose(so_far, names, ess)),
-            stop_at_divergences=lambda: (accept < TARGET_ACCEPT_MAX and max_rounds > 1
+            meter, sd_error, diagnosed=diagnosed, stop_at_divergences=lambda: (accept < TARGET_ACCEPT_MAX and max_rounds > 1
                                          and affords_rerun(time.perf_counter() - t0)))
         tree = sample_nutpie(model, start, draws=draws, tune=tune, chains=chains, seed=seed_,
                              target_accept=accept, max_treedepth=MAX_TREEDEPTH,
@@ -1289,15 +1294,16 @@ class SharperSds:
     a Monte Carlo error above ``sd_error`` of the sd (:func:`~pgpgm.posterior.diagnostics.sd_errors`) and
     the budget's :data:`SHARPEN_SHARE` affords reaching that check at the pace of the draws so far. Draws with
     divergences are not sharpened where ``stop_at_divergences()`` (a run at a higher target will replace them); a
-    check that fails (``None``, or draws that do not pass ``mixed``) after one passed goes on while affordable,
+    check that fails (``None``) after one passed goes on while affordable; draws that passed as separate modes
+    end it (``diagnosed``: the draws' :func:`~pgpgm.posterior.diagnostics.diagnose`, cached by the caller),
     the draws of the last check that passed being kept. The extension's end depends on the machine's speed
     only where the budget ends it. The :func:`~pgpgm.posterior.nutpie_engine.sample_nutpie` ``extend``
     callable."""
 
-    def __init__(self, meter: BudgetMeter, names: Sequence[str], sd_error: float, *,
-                 stop_at_divergences: Callable[[], bool], mixed: Callable[[Any], bool]):
-        self.meter, self.names, self.sd_error = meter, list(names), float(sd_error)
-        self.stop_at_divergences, self.mixed = stop_at_divergences, mixed
+    def __init__(self, meter: BudgetMeter, sd_error: float, *, stop_at_divergences: Callable[[], bool],
+                 diagnosed: Callable[[Any], xr.Dataset]):
+        self.meter, self.sd_error = meter, float(sd_error)
+        self.stop_at_divergences, self.diagnosed = stop_at_divergences, diagnosed
         self.last: tuple[float, int, int] | None = None  # (seconds, gradient evaluations, draws) at the last call
         self.went_on = False  # whether it went on past draws that passed
 
@@ -1309,13 +1315,12 @@ class SharperSds:
             (now - self.last[0]) / max(at - self.last[2], 1), (grads - self.last[1]) / max(at - self.last[2], 1))
         self.last = (now, grads, at)
         if so_far is not None:
-            if not self.mixed(so_far):
+            diag = self.diagnosed(so_far)
+            if mixing_problems(diag):
                 return False  # passed as separate modes: named, not sharpened
-            if not np.nanmax(sd_errors(so_far, self.names), initial=0.0) > self.sd_error:
+            if not np.nanmax(diag["sd_error"].values, initial=0.0) > self.sd_error:
                 return False
-            stats = so_far["sample_stats"] if "sample_stats" in so_far.children else None
-            if stats is not None and "diverging" in stats.data_vars and bool(np.asarray(stats["diverging"]).any()) \
-                    and self.stop_at_divergences():
+            if diag.attrs["divergences"] and self.stop_at_divergences():
                 return False
         budget, ahead = self.meter.budget, following - at
         affords = ((budget.seconds is None or now + pace[0] * ahead <= SHARPEN_SHARE * budget.seconds)
