@@ -1,7 +1,7 @@
 """Every published case (Chen et al. 2019) over noise seeds with the default fit (steps 1-4):
 parameter errors of the sampled (gradient-matching mean), refined and posterior-mean estimates,
 latent-trajectory RMSE, step 4's convergence (max R-hat, min bulk/tail ESS, divergences, rounds,
-whether its budget ran out, modes named), wall seconds.
+whether its budget ran out, modes named, the largest sd Monte Carlo error), wall seconds.
 
 Targets (issue 30): step 4 <= 60 s per fit; R-hat <= 1.01 and ESS >= 400 in at least 38 of the
 40 fits of seeds 0-4, divergences named. Seed-major order: every case once before any case twice,
@@ -57,7 +57,8 @@ def row(case: harness.Published, seed: int, r) -> dict:
             "sampler": attrs.get("pgpgm_sampler", ""),
             "budget_spent": json.loads(attrs.get("pgpgm_budget", "{}")).get("exhausted", ""),
             "gradient_evaluations": json.loads(attrs.get("pgpgm_budget", "{}")).get("used_gradient_evaluations", 0),
-            "modes": len(json.loads(attrs.get("pgpgm_modes", "[]")))}
+            "modes": len(json.loads(attrs.get("pgpgm_modes", "[]"))),
+            "max_sd_error": float(d["sd_error"].max())}
 
 
 def parse_variant(text: str) -> tuple:

@@ -46,6 +46,12 @@ class ConvergenceWarning(UserWarning):
     """A posterior failed a convergence check (R-hat > 1.01, ESS < 400 or divergences)."""
 
 
+class PrecisionWarning(UserWarning):
+    """Step 4's posterior passed its convergence checks, but some sd is known less precisely than
+    ``pgpgm.NUTS(sd_error=)`` asks (its Monte Carlo error over the sd): the budget's share for sharper sds,
+    the most draws, or draws with divergences ended the chains first."""
+
+
 class BoundWarning(UserWarning):
     """An estimate sits on a bound of its Uniform prior (the refined value, or a large part of the
     posterior): the prior probably cuts off the best fit; widen it."""

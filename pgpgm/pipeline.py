@@ -57,6 +57,7 @@ from .posterior.nuts import (
     positive_initial_values,
     posterior_notes,
     run_nuts,
+    warn_if_imprecise,
 )
 from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
@@ -1148,6 +1149,8 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
                             "gradient-matching" + (" (its chains stopped early, stop='agree'; stop='never' runs them "
                                                    "to the end)" if run.stopped else ""),
                             notes=notes, stacklevel=4)
+        if isinstance(spec, NUTS) and not mixing_problems(diagnostics[label]):
+            warn_if_imprecise(post.tree, stacklevel=4)
     warn_at_bounds(at_bounds, stacklevel=4)
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe
         best = refined.best

@@ -14,7 +14,7 @@ from ..logscale import measurement_noise
 from ..ode.system import ODESystem
 from ..pipeline import NUTS, fit
 from ..posterior.diagnostics import causes_of_poor_mixing, diagnose, mixing_problems, warn_if_unconverged
-from ..posterior.nuts import PosteriorBudget, positive_initial_values, posterior_notes, run_nuts
+from ..posterior.nuts import PosteriorBudget, positive_initial_values, posterior_notes, run_nuts, warn_if_imprecise
 from ..priors import Priors
 from ..refinement import LeastSquaresProblem
 from ..solve import Integrator, Solver, default_solver
@@ -235,6 +235,8 @@ def fit_study(
         if mixing_problems(diag):  # what the joint refinement says the data leave open
             notes += causes_of_poor_mixing([n for n, se in zip(best.names, best.stderr) if not np.isfinite(se)], ())
         warn_if_unconverged(diag, "NUTS (study)", notes=notes, stacklevel=2)
+        if not mixing_problems(diag):
+            warn_if_imprecise(tree, "NUTS (study)", stacklevel=2)
         timings["posterior"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     solves = {"steps 1-3 per experiment": int(sum(sum(r.n_ode_solves.values()) for r in fits)),
