@@ -630,7 +630,7 @@ def _recording_rounds(monkeypatch, mark=None, rhat1=None, mixing=None, forced=2)
 
     def mixing_problems(diag):
         asked.append(diag)
-        if mixing is not None:
+        if mixing is not None and len(asked) <= len(mixing):  # (later calls, e.g. the final warnings': the real one)
             return ["forced"] if mixing[len(asked) - 1] else []
         return real_mixing(diag) or (["forced"] if len(asked) <= forced else [])
 
