@@ -293,6 +293,26 @@ def test_fit_returns_on_its_posterior_budget_with_the_warning():
     assert r.posterior.posterior.sizes["draw"] >= 1 and np.all(np.isfinite(r.posterior.posterior["k"].values))
 
 
+def test_fit_names_an_sd_its_budget_left_above_the_goal_once():
+    """A converged fit whose extension for sharper sds ends at 3/4 of its gradient budget before a 0.3 % goal
+    (a Gaussian posterior's sd asks ~55000 independent draws for it) says so once, with each variable above the
+    goal and its error as result.diagnostics reports it; no ConvergenceWarning (R-hat and ESS hold)."""
+    obs = _data(DECAY, 0.8)
+    data = {"time": T, "x": obs.values[:, 0]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 5.0)}, noise_sd=SD, progressbar=False, seed=0,
+                      posterior=pgpgm.NUTS(sd_error=0.003, budget=PosteriorBudget(None, 200_000)))
+    precise = [w for w in caught if issubclass(w.category, pgpgm.PrecisionWarning)]
+    assert len(precise) == 1 and "sd_error=0.003 asks" in str(precise[0].message)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    diag = r.diagnostics.sel(sampler="posterior")
+    assert not problems(diag)
+    over = {str(v): float(e) for v, e in zip(diag["variable"].values, diag["sd_error"].values) if e > 0.003}
+    assert over and all(f"{v} ({e:.1%})" in str(precise[0].message) for v, e in over.items())
+    assert json.loads(r.posterior.attrs["pgpgm_budget"])["exhausted"] == ""  # draws that passed: no budget stop
+
+
 def test_an_unconverged_fit_names_a_parameter_on_its_bound_as_a_likely_cause():
     """The box (0, 0.5) cuts off the data's k = 0.8: the refined k lies on the upper bound, and when step 4
     then fails R-hat or ESS (a small budget here) its ConvergenceWarning names that bound as a likely cause
