@@ -1,5 +1,7 @@
-"""Step 4, the posterior: PyMC's NUTS (pgpgm's default: seeded dense mass matrix, rounds) against
-nutpie (numba-compiled, its own adaptation) on the same step-4 model of a published case (data
+"""Step 4, the posterior: pgpgm's step 4 (``sample_posterior`` with the fit's own options: the engine the fit
+chose - nutpie by default, whitened by the refined optimum, with pgpgm's checks - rows "pgpgm, 1 round" and,
+where that one fails its checks, "pgpgm, rounds") against nutpie's own sampler alone (``nutpie.sample`` on the
+model as it is, its own adaptation: row "nutpie alone") on the same step-4 model of a published case (data
 seed 0), started where the default fit's steps 1-3 put it, side by side in one process.
 
 For each engine: wall seconds of sampling, gradient evaluations (leapfrog steps, tuning
@@ -72,7 +74,7 @@ def gradient_cost(model, center) -> float:
     return harness.median_time(lambda: fn(x), repeat=200, warmup=5)
 
 
-def run_pymc(inp: dict, draws: int, tune: int, max_rounds: int):
+def run_pgpgm(inp: dict, draws: int, tune: int, max_rounds: int):
     kw = {**inp["kw"], "draws": draws, "tune": tune, "max_rounds": max_rounds, "budget": None, "warn": False,
           "progressbar": False}
     t = time.perf_counter()
@@ -137,7 +139,7 @@ def main() -> None:
     ap.add_argument("--cases", default="fhn-R,lv-x1", help="comma-separated case keys")
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument("--tune", type=int, default=500)
-    ap.add_argument("--no-nutpie", action="store_true", help="PyMC's NUTS only")
+    ap.add_argument("--no-nutpie", action="store_true", help="pgpgm's step 4 only (no nutpie alone)")
     ap.add_argument("--compile", action="store_true", help="nutpie's compile times only (see above)")
     ap.add_argument("--ways", choices=("all", "pgpgm"), default="all", help="--compile: every way, or pgpgm's alone")
     a = ap.parse_args()
@@ -156,11 +158,11 @@ def main() -> None:
         inp = step4_inputs(key)
         free = [rv.name for rv in inp["model"].free_RVs]
         g = gradient_cost(inp["model"], inp["center"])
-        runs = [("pymc, 1 round", *run_pymc(inp, a.draws, a.tune, 1))]
+        runs = [("pgpgm, 1 round", *run_pgpgm(inp, a.draws, a.tune, 1))]
         if problems(diagnose(runs[0][1], free)):  # further rounds (no budget), as the default would run them
-            runs.append(("pymc, rounds", *run_pymc(inp, a.draws, a.tune, 6)))
+            runs.append(("pgpgm, rounds", *run_pgpgm(inp, a.draws, a.tune, 6)))
         if not a.no_nutpie:
-            runs.append(("nutpie", *run_nutpie(inp, a.draws, a.tune)))
+            runs.append(("nutpie alone", *run_nutpie(inp, a.draws, a.tune)))
         for name, tree, wall, grads, compile_s in runs:
             d = diagnose(tree, free)
             rows.append({"case": key, "engine": name, "wall_s": wall,
@@ -171,7 +173,7 @@ def main() -> None:
                          "min_ess": float(np.minimum(d["ess_bulk"], d["ess_tail"]).min()),
                          "divergences": d.attrs["divergences"], "converged": not problems(d)})
             print(rows[-1], flush=True)
-    harness.write(a.out, rows, f"Step 4 engines side by side: PyMC NUTS (pgpgm's rounds) vs nutpie, {a.tune} + "
+    harness.write(a.out, rows, f"Step 4 side by side: pgpgm's step 4 vs nutpie alone, {a.tune} + "
                   f"{a.draws} per chain", env=env,
                   notes="overhead_ratio: wall seconds per gradient evaluation / one compiled log density + gradient "
                         "at the centre (target <= 1.5).")
