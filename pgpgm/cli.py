@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,22 @@ def _budget(text: str) -> tuple[float | None]:
 
 
 _budget.__name__ = "seconds or 'none'"
+
+
+def _sd_error(text: str) -> tuple[float | None]:
+    """``--posterior-sd-error``: a fraction in (0, 1), or ``none`` (stop once R-hat and ESS pass), as a 1-tuple."""
+    if text.strip().lower() == "none":
+        return (None,)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction nor 'none'") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.05 for 5 %, or 'none'")
+    return (value,)
+
+
+_sd_error.__name__ = "a fraction or 'none'"
 
 
 def _real(*, positive: bool = False):
@@ -120,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="step 4's budget in seconds for all NUTS rounds, or 'none' for no limit (default: "
                        "pgpgm.PosteriorBudget(), 60 s and 3000000 gradient evaluations); once spent, the fit returns "
                        "the draws it has with a warning")
+        q.add_argument("--posterior-sd-error", type=_sd_error, default=None, metavar="FRACTION",
+                       help="once R-hat and ESS pass, step 4 goes on while some sd's Monte Carlo error is above this "
+                       "fraction of the sd, within 3/4 of its budget (default: pgpgm.NUTS()'s, 0.05), or 'none' to "
+                       "stop where R-hat and ESS pass")
         q.add_argument("--stop", choices=("agree", "never"), default="agree",
                        help="end the gradient-matching chains once the optima refined from their means agree "
                        "(default), or never (the whole published budget)")
@@ -536,7 +557,8 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
     options = _posterior_options(a)
     fit_kwargs = {"draws": draws, "tune": a.tune, "chains": a.chains, "stop": a.stop,
                   "kernel": a.kernel or case.kernel, "gamma": a.gamma if a.gamma is not None else case.gamma}
-    posterior = None if options["posterior"] is None else "nuts"
+    posterior = (None if options["posterior"] is None else "nuts" if a.posterior_sd_error is None
+                 else _posterior(a, lambda: pgpgm.study.STUDY_BUDGET))
     budget = {} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]}
     try:
         result = pgpgm.fit_study(spec.system, study, varying=a.varying, hierarchical=hierarchical or None,
@@ -634,10 +656,26 @@ def _batch(a) -> int:
 
 
 def _posterior_options(a) -> dict:
-    return {"posterior": None if a.posterior == "none" else a.posterior, "posterior_draws": a.posterior_draws,
+    # (--stop: step 2's budget, set with the other sampling options)
+    return {"posterior": _posterior(a, lambda: pgpgm.PosteriorBudget()), "posterior_draws": a.posterior_draws,
             "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains,
             "stop": a.stop, **({"posterior_rounds": a.posterior_rounds} if a.posterior_rounds else {}),
-            **({} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]})}  # step 2's budget, set with the other sampling options
+            **({} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]})}
+
+
+def _posterior(a: argparse.Namespace, default_budget: Callable[[], object]) -> object:
+    """``--posterior`` as :func:`pgpgm.fit` takes it: None, ``"laplace"``, ``"nuts"``, or - with
+    ``--posterior-sd-error`` - a :class:`pgpgm.NUTS` of every ``--posterior-*`` option (``default_budget()``
+    where ``--posterior-budget`` is not given)."""
+    if a.posterior_sd_error is not None and a.posterior != "nuts":
+        raise UsageError(f"--posterior-sd-error is a goal of NUTS's draws; it needs --posterior nuts, not "
+                         f"{a.posterior}")
+    if a.posterior_sd_error is None:
+        return None if a.posterior == "none" else a.posterior
+    rounds = a.posterior_rounds or pgpgm.NUTS().rounds
+    return pgpgm.NUTS(a.posterior_draws, a.posterior_tune, a.posterior_chains, rounds,
+                      default_budget() if a.posterior_budget is None else a.posterior_budget[0],
+                      sd_error=a.posterior_sd_error[0])
 
 
 def _sensitivity(a) -> int:

@@ -229,6 +229,42 @@ def test_posterior_budget_option_reaches_the_fit(files, monkeypatch, given, expe
         assert seen["posterior_budget"] == expected
 
 
+@pytest.mark.parametrize("given, expected", [("0.02", 0.02), ("none", None), (None, "default")])
+def test_posterior_sd_error_option_reaches_the_fit_as_a_nuts_spec(files, monkeypatch, given, expected):
+    """``--posterior-sd-error FRACTION|none`` reaches :func:`pgpgm.fit` as ``pgpgm.NUTS(sd_error=...)`` with every
+    other ``--posterior-*`` option and fit's default budget (absent: ``posterior="nuts"`` as before)."""
+    tmp_path, _ = files
+    seen = {}
+
+    class Captured(BaseException):
+        pass
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise Captured
+
+    monkeypatch.setattr(pgpgm, "fit", capture)
+    extra = ["--posterior", "nuts", "--posterior-draws", "300", "--posterior-chains", "2"] + ([] if given is None else
+                                                                      ["--posterior-sd-error", given])
+    with pytest.raises(Captured):
+        main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
+    if expected == "default":
+        assert seen["posterior"] == "nuts"
+        return
+    spec = seen["posterior"]
+    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == expected
+    assert (spec.draws, spec.chains, spec.budget) == (300, 2, pgpgm.PosteriorBudget())
+
+
+@pytest.mark.parametrize("bad", [["--posterior-sd-error", "0"], ["--posterior-sd-error", "1.5"],
+                                 ["--posterior-sd-error", "five"],
+                                 ["--posterior-sd-error", "0.05", "--posterior", "laplace"]])
+def test_a_bad_posterior_sd_error_is_a_usage_error(files, no_fit, capsys, bad):
+    tmp_path, _ = files
+    assert main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *bad)) == 2
+    assert "--posterior-sd-error" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["0", "-3", "soon", "inf"])
 def test_a_bad_posterior_budget_is_a_usage_error(files, no_fit, capsys, bad):
     tmp_path, _ = files

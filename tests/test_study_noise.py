@@ -369,3 +369,37 @@ def test_cli_fit_study_hierarchical_subprocess(tmp_path):
                           "--varying", "CL", "--out", str(tmp_path / "o2")], check=False, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "need a study" in bad.stderr
+
+
+def test_cli_fit_study_takes_the_sd_error_goal_with_the_study_budget(tmp_path, monkeypatch):
+    """``pgpgm fit --posterior-sd-error 0.04`` on a study CSV reaches :func:`pgpgm.fit_study` as
+    ``pgpgm.NUTS(sd_error=0.04)`` with the study's own default budget (not a single fit's)."""
+    import inspect
+    from pathlib import Path
+
+    from pgpgm.cli import main
+
+    rows = [{"experiment": e, "time": t, "state": "C", "value": v}
+            for e, d in (("a", 2.0), ("b", 4.5)) for t, v in zip(TIMES, conc(TIMES, d, *TRUTH))]
+    pd.DataFrame(rows).to_csv(tmp_path / "study.csv", index=False)
+    pd.DataFrame({"experiment": ["a", "b"], "dose": [2.0, 4.5]}).to_csv(tmp_path / "inputs.csv", index=False)
+    seen = {}
+
+    class Captured(BaseException):
+        pass
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise Captured
+
+    real = pgpgm.fit_study
+    monkeypatch.setattr(pgpgm, "fit_study", capture)
+    model = Path(pgpgm.__file__).parent.parent / "models" / "pk_oral.toml"
+    with pytest.raises(Captured):
+        main(["fit", "--model", str(model), "--data", str(tmp_path / "study.csv"), "--inputs",
+              str(tmp_path / "inputs.csv"), "--x0", "A=dose", "C=0", "--posterior-sd-error", "0.04", "--no-progress",
+              "--out", str(tmp_path / "out")])
+    spec = seen["posterior"]
+    study_budget = inspect.signature(real).parameters["posterior_budget"].default
+    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == 0.04 and spec.budget == study_budget
+    assert study_budget != pgpgm.PosteriorBudget()  # (the study's budget is its own: 300 s)

@@ -8,10 +8,10 @@
 """
 
 from .design import Study, StudyExperiment
-from .fit import fit_study
+from .fit import STUDY_BUDGET, fit_study
 from .joint import JointLayout, JointProblem, JointRefinement, refine_joint
 from .model import build_study_model
 from .result import StudyResult, load_study
 
-__all__ = ["JointLayout", "JointProblem", "JointRefinement", "Study", "StudyExperiment", "StudyResult",
+__all__ = ["STUDY_BUDGET", "JointLayout", "JointProblem", "JointRefinement", "Study", "StudyExperiment", "StudyResult",
            "build_study_model", "fit_study", "load_study", "refine_joint"]
