@@ -48,36 +48,28 @@ def _count(minimum: int):
     return parse
 
 
-def _budget(text: str) -> tuple[float | None]:
-    """``--posterior-budget``: seconds > 0, or ``none`` (no limit), as a 1-tuple (None: not given)."""
-    if text.strip().lower() == "none":
-        return (None,)
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of seconds nor 'none'") from None
-    if not np.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds, or 'none'")
-    return (value,)
+def _number_or_none(noun: str, valid: Callable[[float], bool], rule: str) -> Callable[[str], tuple[float | None]]:
+    """An argparse type: a number that ``valid`` accepts, or ``none``, as a 1-tuple (so that a given
+    ``none``, (None,), differs from an option not given, None); ``noun`` and ``rule`` word its errors."""
+    def parse(text: str) -> tuple[float | None]:
+        if text.strip().lower() == "none":
+            return (None,)
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is neither {noun} nor 'none'") from None
+        if not (np.isfinite(value) and valid(value)):
+            raise argparse.ArgumentTypeError(f"{text} must be {rule}, or 'none'")
+        return (value,)
+
+    parse.__name__ = f"{noun} or 'none'"
+    return parse
 
 
-_budget.__name__ = "seconds or 'none'"
-
-
-def _sd_error(text: str) -> tuple[float | None]:
-    """``--posterior-sd-error``: a fraction in (0, 1), or ``none`` (stop once R-hat and ESS pass), as a 1-tuple."""
-    if text.strip().lower() == "none":
-        return (None,)
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction nor 'none'") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.05 for 5 %, or 'none'")
-    return (value,)
-
-
-_sd_error.__name__ = "a fraction or 'none'"
+#: ``--posterior-budget``: seconds > 0, or ``none`` (no limit)
+_budget = _number_or_none("a number of seconds", lambda v: v > 0, "a positive number of seconds")
+#: ``--posterior-sd-error``: a fraction in (0, 1), or ``none`` (stop once R-hat and ESS pass)
+_sd_error = _number_or_none("a fraction", lambda v: 0 < v < 1, "a fraction in (0, 1), e.g. 0.05 for 5 %")
 
 
 def _real(*, positive: bool = False):

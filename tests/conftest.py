@@ -24,6 +24,28 @@ def all_models(lv, fhn, pt_model):
     return {"lotka-volterra": lv, "fitzhugh-nagumo": fhn, "protein-transduction": pt_model}
 
 
+class StopHere(BaseException):
+    """Ends a command at a call patched by :func:`capture_call`: the call's arguments are what a test checks."""
+
+
+@pytest.fixture
+def capture_call(monkeypatch):
+    """``capture_call(obj, name)`` patches ``obj.name`` to record its keyword arguments (the returned dict) and
+    raise :class:`StopHere` (``capture_call.stop``)."""
+    def patch(obj, name: str) -> dict:
+        seen = {}
+
+        def capture(*args, **kwargs):
+            seen.update(kwargs)
+            raise StopHere
+
+        monkeypatch.setattr(obj, name, capture)
+        return seen
+
+    patch.stop = StopHere
+    return patch
+
+
 def scipy_reference(system, theta, x0, times):
     """A tight, independent reference solve (DOP853, rtol 1e-12) with sympy-lambdified f."""
     import sympy as sp

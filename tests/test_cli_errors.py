@@ -207,21 +207,12 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error():
 
 
 @pytest.mark.parametrize("given, expected", [("12.5", 12.5), ("none", None), (None, "default")])
-def test_posterior_budget_option_reaches_the_fit(files, monkeypatch, given, expected):
+def test_posterior_budget_option_reaches_the_fit(files, capture_call, given, expected):
     """``--posterior-budget SECONDS|none`` is passed to :func:`pgpgm.fit` (absent: fit's default)."""
     tmp_path, _ = files
-    seen = {}
-
-    class Captured(BaseException):  # stops the command here: the arguments are what this test checks
-        pass
-
-    def capture(*args, **kwargs):
-        seen.update(kwargs)
-        raise Captured
-
-    monkeypatch.setattr(pgpgm, "fit", capture)
+    seen = capture_call(pgpgm, "fit")
     extra = [] if given is None else ["--posterior-budget", given]
-    with pytest.raises(Captured):
+    with pytest.raises(capture_call.stop):
         main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
     if expected == "default":
         assert "posterior_budget" not in seen
@@ -230,23 +221,14 @@ def test_posterior_budget_option_reaches_the_fit(files, monkeypatch, given, expe
 
 
 @pytest.mark.parametrize("given, expected", [("0.02", 0.02), ("none", None), (None, "default")])
-def test_posterior_sd_error_option_reaches_the_fit_as_a_nuts_spec(files, monkeypatch, given, expected):
+def test_posterior_sd_error_option_reaches_the_fit_as_a_nuts_spec(files, capture_call, given, expected):
     """``--posterior-sd-error FRACTION|none`` reaches :func:`pgpgm.fit` as ``pgpgm.NUTS(sd_error=...)`` with every
     other ``--posterior-*`` option and fit's default budget (absent: ``posterior="nuts"`` as before)."""
     tmp_path, _ = files
-    seen = {}
-
-    class Captured(BaseException):
-        pass
-
-    def capture(*args, **kwargs):
-        seen.update(kwargs)
-        raise Captured
-
-    monkeypatch.setattr(pgpgm, "fit", capture)
+    seen = capture_call(pgpgm, "fit")
     extra = ["--posterior", "nuts", "--posterior-draws", "300", "--posterior-chains", "2"] + ([] if given is None else
                                                                       ["--posterior-sd-error", given])
-    with pytest.raises(Captured):
+    with pytest.raises(capture_call.stop):
         main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
     if expected == "default":
         assert seen["posterior"] == "nuts"

@@ -371,7 +371,7 @@ def test_cli_fit_study_hierarchical_subprocess(tmp_path):
     assert bad.returncode == 2 and "need a study" in bad.stderr
 
 
-def test_cli_fit_study_takes_the_sd_error_goal_with_the_study_budget(tmp_path, monkeypatch):
+def test_cli_fit_study_takes_the_sd_error_goal_with_the_study_budget(tmp_path, capture_call):
     """``pgpgm fit --posterior-sd-error 0.04`` on a study CSV reaches :func:`pgpgm.fit_study` as
     ``pgpgm.NUTS(sd_error=0.04)`` with the study's own default budget (not a single fit's)."""
     import inspect
@@ -383,19 +383,10 @@ def test_cli_fit_study_takes_the_sd_error_goal_with_the_study_budget(tmp_path, m
             for e, d in (("a", 2.0), ("b", 4.5)) for t, v in zip(TIMES, conc(TIMES, d, *TRUTH))]
     pd.DataFrame(rows).to_csv(tmp_path / "study.csv", index=False)
     pd.DataFrame({"experiment": ["a", "b"], "dose": [2.0, 4.5]}).to_csv(tmp_path / "inputs.csv", index=False)
-    seen = {}
-
-    class Captured(BaseException):
-        pass
-
-    def capture(*args, **kwargs):
-        seen.update(kwargs)
-        raise Captured
-
     real = pgpgm.fit_study
-    monkeypatch.setattr(pgpgm, "fit_study", capture)
+    seen = capture_call(pgpgm, "fit_study")
     model = Path(pgpgm.__file__).parent.parent / "models" / "pk_oral.toml"
-    with pytest.raises(Captured):
+    with pytest.raises(capture_call.stop):
         main(["fit", "--model", str(model), "--data", str(tmp_path / "study.csv"), "--inputs",
               str(tmp_path / "inputs.csv"), "--x0", "A=dose", "C=0", "--posterior-sd-error", "0.04", "--no-progress",
               "--out", str(tmp_path / "out")])
