@@ -19,6 +19,7 @@ settings) or are built by hand. dask is an optional dependency: ``pip install pg
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import json
 import os
@@ -46,12 +47,23 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _TIDY = ("time", "state", "value")
 SUMMARY_FILE = "summary.csv"
 
-# fit() options a job may set; anything else is a typo caught before the cluster starts
-_FIT_OPTIONS = frozenset({
-    "x0", "kernel", "gamma", "priors", "noise_sd", "draws", "tune", "chains", "seed", "init", "refine_x0",
-    "true_theta", "solver", "posterior", "posterior_draws", "posterior_tune", "posterior_chains", "posterior_rounds",
-    "nuts_sampler", "stop", "grid", "fixed",
-})
+#: fit() options that fit_many sets itself on every worker (one process per fit, no progress bar per fit)
+_SET_BY_FIT_MANY = frozenset({"cores", "progressbar"})
+#: fit() options a job may set: every keyword of :func:`pgpgm.fit` but the data's and :data:`_SET_BY_FIT_MANY`;
+#: anything else is a typo caught before the cluster starts
+_FIT_OPTIONS = frozenset(inspect.signature(fit).parameters) - {"system", "data", "observed"} - _SET_BY_FIT_MANY
+
+
+def _check_fit_options(options: Mapping[str, Any], who: str) -> None:
+    """A :class:`~pgpgm.errors.DataError` naming ``who`` for every key of ``options`` that is no option of
+    :func:`pgpgm.fit` a job may set (those fit_many sets itself named as such)."""
+    own = sorted(set(options) & _SET_BY_FIT_MANY)
+    if own:
+        raise DataError(f"{who}: {own} are set by fit_many on every worker (cores=1, no progress bar per fit); "
+                        "leave them out")
+    unknown = sorted(set(options) - _FIT_OPTIONS)
+    if unknown:
+        raise DataError(f"{who}: unknown fit options {unknown}; a job may set {sorted(_FIT_OPTIONS)}")
 
 
 @dataclass(frozen=True)
@@ -95,10 +107,7 @@ class FitJob:
             object.__setattr__(self, "observed", (self.observed,))
         elif self.observed is not None:
             object.__setattr__(self, "observed", tuple(self.observed))
-        unknown = sorted(set(self.options) - _FIT_OPTIONS)
-        if unknown:
-            raise DataError(f"job {self.name!r}: unknown fit options {unknown}; pgpgm.fit accepts "
-                            f"{sorted(_FIT_OPTIONS)}")
+        _check_fit_options(self.options, f"job {self.name!r}")
 
 
 # ---------------------------------------------------------------------------------- building jobs
@@ -473,9 +482,7 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise DataError(f"job names must be unique (they name the result files); repeated: {dupes}")
-    unknown = sorted(set(fit_defaults) - _FIT_OPTIONS)
-    if unknown:
-        raise DataError(f"fit_many: unknown fit options {unknown}; pgpgm.fit accepts {sorted(_FIT_OPTIONS)}")
+    _check_fit_options(fit_defaults, "fit_many")
     if sum(x is not None for x in (client, scheduler)) > 1:
         raise DataError("give at most one of client= and scheduler=")
     if n_workers is not None and (client is not None or scheduler is not None):

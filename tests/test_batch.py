@@ -3,6 +3,7 @@ failures recorded, reruns skip finished jobs, the summary table, the `pgpgm batc
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 
@@ -268,6 +269,25 @@ def test_cli_batch_reports_a_failed_fit_with_exit_status_1(tmp_path, client, dat
     assert json.loads((tmp_path / "o" / "broken.error.json").read_text())["type"] == "DataError"
 
 
+def test_cli_batch_passes_the_step4_options_on(tmp_path, datasets, capture_call):
+    """``pgpgm batch --posterior-budget 30 --posterior-sd-error 0.03`` reaches fit_many as fit options (before, the
+    budget was refused as an unknown option)."""
+    from pgpgm.cli import main
+
+    folder = tmp_path / "csvs"
+    folder.mkdir()
+    datasets["seed1"].to_csv(folder / "one.csv", index=False)
+    own = set(inspect.signature(pgpgm.fit_many).parameters)  # fit_many's own keywords; the rest are fit options
+    seen = capture_call(pgpgm, "fit_many")
+    with pytest.raises(capture_call.stop):
+        main(["batch", "--model", "lotka-volterra", "--data", str(folder), "--out", str(tmp_path / "o"),
+              "--posterior-budget", "30", "--posterior-sd-error", "0.03", "--no-progress"])
+    assert seen["posterior_budget"] == 30.0
+    spec = seen["posterior"]
+    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == 0.03 and spec.budget == pgpgm.PosteriorBudget(30.0, None)
+    pgpgm.FitJob("one", "lotka-volterra", datasets["seed1"], options={k: v for k, v in seen.items() if k not in own})
+
+
 # -------------------------------------------------------------------- input checks (no cluster)
 
 
@@ -281,7 +301,19 @@ def test_bad_jobs_are_rejected_before_anything_runs(spec, datasets, tmp_path):
         pgpgm.fit_many([job, job], tmp_path, progressbar=False)
     with pytest.raises(DataError, match="unknown fit options.*'iterations'"):
         pgpgm.fit_many([job], tmp_path, progressbar=False, iterations=5)
+    with pytest.raises(DataError, match=r"\['cores'\] are set by fit_many"):
+        FitJob("a", spec, datasets["seed1"], options={"cores": 2})
     assert not (tmp_path / "a.nc").exists()
+
+
+def test_a_job_may_set_every_option_of_fit_but_the_data_and_what_fit_many_sets():
+    """Every keyword of pgpgm.fit is a job option (posterior_budget, noise, observables, ... too; the set is read
+    from fit's signature) but the data's and cores / progressbar, which fit_many sets on every worker."""
+    from pgpgm.batch import _FIT_OPTIONS
+
+    keywords = set(inspect.signature(pgpgm.fit).parameters)
+    assert _FIT_OPTIONS == keywords - {"system", "data", "observed", "cores", "progressbar"}
+    assert {"posterior_budget", "noise", "observables", "transform", "x0_observed", "scheme"} <= _FIT_OPTIONS
 
 
 def test_job_builders(spec, datasets, tmp_path):
