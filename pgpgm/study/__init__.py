@@ -13,5 +13,5 @@ from .joint import JointLayout, JointProblem, JointRefinement, refine_joint
 from .model import build_study_model
 from .result import StudyResult, load_study
 
-__all__ = ["STUDY_BUDGET", "JointLayout", "JointProblem", "JointRefinement", "Study", "StudyExperiment", "StudyResult",
-           "build_study_model", "fit_study", "load_study", "refine_joint"]
+__all__ = ["STUDY_BUDGET", "JointLayout", "JointProblem", "JointRefinement", "Study", "StudyExperiment",
+           "StudyResult", "build_study_model", "fit_study", "load_study", "refine_joint"]
