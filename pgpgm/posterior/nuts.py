@@ -65,7 +65,6 @@ from .diagnostics import (
     mixing_problems,
     modes_note,
     problems,
-    sd_errors,
     warn_if_unconverged,
 )
 from .nutpie_engine import sample_nutpie
@@ -844,6 +843,12 @@ class BudgetMeter:
         g = self.budget.gradient_evaluations
         return np.inf if g is None else g + self.overrun + self.late + self._lag() - self.gradients
 
+    def share_left(self, share: float) -> tuple[float, float]:
+        """(seconds, gradient evaluations) left before ``share`` of the budget is spent (inf where it has no limit)."""
+        s, g = self.budget.seconds, self.budget.gradient_evaluations
+        return (np.inf if s is None else share * s - self.elapsed(),
+                np.inf if g is None else share * g - self.gradients)
+
     def check(self, ahead: float = 0.0) -> str:
         """What has run out now ("" when nothing has); remembered in ``exhausted``. ``ahead``: seconds
         that ending takes (e.g. reading the draws back), counted as spent already."""
@@ -1166,9 +1171,7 @@ def run_nuts(
         if found:
             left, grads_left = 0.9 * meter.seconds_left(), 0.9 * meter.gradients_left()
         else:
-            seconds_cap, grads_cap = meter.budget.seconds, meter.budget.gradient_evaluations
-            left = np.inf if seconds_cap is None else SHARPEN_SHARE * seconds_cap - meter.elapsed()
-            grads_left = np.inf if grads_cap is None else SHARPEN_SHARE * grads_cap - meter.gradients
+            left, grads_left = meter.share_left(SHARPEN_SHARE)
         by_time = left / max(seconds / iterations, 1e-9)
         by_gradients = grads_left / max(steps * chains, 1.0)
         affordable = min(by_time, by_gradients)
@@ -1324,10 +1327,8 @@ class SharperSds:
                 return False
             if diag.attrs["divergences"] and self.stop_at_divergences():
                 return False
-        budget, ahead = self.meter.budget, following - at
-        affords = ((budget.seconds is None or now + pace[0] * ahead <= SHARPEN_SHARE * budget.seconds)
-                   and (budget.gradient_evaluations is None
-                        or grads + pace[1] * ahead <= SHARPEN_SHARE * budget.gradient_evaluations))
+        ahead, (seconds_left, gradients_left) = following - at, self.meter.share_left(SHARPEN_SHARE)
+        affords = pace[0] * ahead <= seconds_left and pace[1] * ahead <= gradients_left
         self.went_on = self.went_on or affords
         return affords
 
@@ -1477,8 +1478,9 @@ def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluati
             engine: str, ess: float, sd_error: float | None) -> NUTSRun:
     """The :class:`NUTSRun`, its facts also recorded in ``tree.attrs``; warns when asked."""
     modes = find_modes(tree, names)
-    errors = sd_errors(tree, names) if "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 3 \
-        else np.full(len(names), np.nan)
+    drawn = "posterior" in tree.children and tree.posterior.sizes.get("draw", 0) > 3
+    diag = diagnose(tree, names, ess) if drawn or warn else None
+    errors = diag["sd_error"].values if drawn else np.full(len(names), np.nan)
     tree.attrs["pgpgm_sd_error"] = json.dumps({"goal": sd_error, "errors": dict(zip(names, map(float, errors)))})
     tree.attrs["pgpgm_sampler"] = engine
     tree.attrs["pgpgm_rounds"] = rounds
@@ -1489,7 +1491,6 @@ def _finish(tree, names, meter: BudgetMeter, rounds, round_draws, kept, evaluati
     tree.attrs["pgpgm_budget"] = json.dumps(meter.record())
     tree.attrs["pgpgm_modes"] = json.dumps([m.record() for m in modes])
     if warn:
-        diag = diagnose(tree, names, ess)
         warn_if_unconverged(diag, "NUTS", notes=posterior_notes(tree), stacklevel=4)
         if not mixing_problems(diag):
             warn_if_imprecise(tree, stacklevel=4)
