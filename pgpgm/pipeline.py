@@ -365,8 +365,9 @@ def fit(
     ``stop`` : ``"agree"`` (default) ends step 2 once the best least-squares optimum
     refined from the chains' running means has settled (checked at 100 iterations and every
     50 after; one interval when every chain refines to it, two when they differ; or at an
-    early probe at 50 iterations, when every chain and least squares from a point spread over
-    the prior box (at most 4 tried) refine to the same optimum, none better) and fits the
+    early probe at 50 iterations, when every chain and least squares from two points spread over
+    the prior box (at most 4 tried) refine to the same optimum, none better; the best is that of
+    every check so far, including optima a chain has left since) and fits the
     data as well as the GPs do (residual sd at most twice the noise level of each observed
     state) off the prior box's bounds; while it does not, least squares from points spread
     over the prior box search beside the chains, and such an optimum stops the chains only
@@ -990,6 +991,8 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
                    for c in post.chain.values}
     if same_problem and not run.stopped and last.box_q:  # the stop rule's search of the prior box
         starts["box search's best optimum"] = np.array(last.box_q)
+    if same_problem and not run.stopped and last.kept_q:  # a chain's optimum it has left since
+        starts["an earlier check's best optimum"] = np.array(last.kept_q)
     # noise sds the user did not give are estimated with theta (maximum likelihood); the GP's are the start
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
     # the stop rule's optima (each chain's, the box search's best): it compares likelihoods, not points, so

@@ -16,7 +16,9 @@ vector-Jacobian product became an elementwise product and sum instead of a tenso
 another order: step 4's draws), on an Intel Xeon (the file before: an AMD EPYC); and when step 4's DOPRI5
 solves came to interpolate their output times (``DOPRI5(dense_output=True)``: other steps, step 4's draws only);
 and when step 4 came to sample a parameter whose posterior is Gaussian in theta rather than in log theta on its
-own scale (``pgpgm.posterior.scales``: FitzHugh-Nagumo's a and b, step 4's draws only).
+own scale (``pgpgm.posterior.scales``: FitzHugh-Nagumo's a and b, step 4's draws only); and when the stop
+rule's probe came to ask two box points to agree (``RefinedAgreement(probe_agree=2)``): the same step-2 draws,
+FitzHugh-Nagumo's refined point started from another of the probe's optima (4e-9 apart), so its step 4 too.
 Regenerate the file only for a change that is meant to change
 numbers (``python tests/test_same_numbers.py``), and say so in the commit.
 """

@@ -401,13 +401,32 @@ def test_a_start_the_priors_give_without_density_is_a_sampling_error_not_bad_dat
     t = np.linspace(0, 2, 8)
     density = gradient_matching_density(system, {"time": t, "x": t}, ["x"], noise_sd=0.1, priors=(1.0, 5.0))
     target = GradientMatchingTarget(density)
-    with pytest.raises(pgpgm.SamplingError, match="start \\[3.0\\] of chain 0.*f is not finite") as err:
+    # "spread" starts chain 0 at the box's centre, else at prior draws (the centre fails here too)
+    with pytest.raises(pgpgm.SamplingError, match="20 prior draws gave no finite density to start chain 0 from "
+                                                  "\\(the last, .*f is not finite") as err:
         sample(target, init="spread", chains=2, cores=1, progressbar=False)
     assert not isinstance(err.value, DataError)
+    with pytest.raises(pgpgm.SamplingError, match="start \\[3.0\\] of chain 0.*f is not finite"):
+        sample(target, init="prior-median", chains=1, cores=1, progressbar=False)
     with pytest.raises(pgpgm.SamplingError, match="20 prior draws gave no finite density to start chain 0"):
         sample(target, init="prior", chains=1, cores=1, progressbar=False)
     with pytest.raises(DataError, match="not finite at the start \\[2.0\\] of chain 0.*pass other init values"):
         sample(target, init=[2.0], cores=1, progressbar=False)
+
+
+def test_spread_starts_chain_0_at_a_prior_draw_where_the_boxs_centre_fails():
+    # f = log|k - 3| is -inf at k = 3, the centre of the prior (1, 5), and finite elsewhere: "spread" (the
+    # default) starts chain 0 at a prior draw instead of raising (the held-out robustness grid's SEIR with a
+    # tight box failed its latent solve at the box's centre); "prior-median" asked for the centre: an error
+    system = ODESystem.from_equations({"x": "log(abs(k - 3))"}, ["k"], name="centre-hole")
+    t = np.linspace(0, 2, 8)
+    density = gradient_matching_density(system, {"time": t, "x": 0.5 * t}, ["x"], noise_sd=0.1, priors=(1.0, 5.0))
+    target = GradientMatchingTarget(density)
+    run = pgpgm.run_chains(target, init="spread", chains=2, draws=5, tune=5, cores=1, progressbar=False)
+    first = run.tree.posterior["k"].isel(draw=0).values
+    assert np.all(np.isfinite(first)) and np.all((first > 1) & (first < 5))
+    with pytest.raises(pgpgm.SamplingError, match="start \\[3.0\\] of chain 0.*f is not finite"):
+        sample(target, init="prior-median", chains=1, cores=1, progressbar=False)
 
 
 @pytest.mark.filterwarnings("ignore::pgpgm.ConvergenceWarning")  # 30 draws: not converged, on purpose

@@ -161,7 +161,8 @@ def run_chains(
     seed : seeds every chain (via :class:`numpy.random.SeedSequence`); the draws depend on
         ``seed`` and not on ``cores``
     init : ``"spread"`` (default: the first chain at the priors' initial point, e.g.
-        Uniform midpoints, every further chain at a random prior draw - a multi-start),
+        Uniform midpoints - or at a random prior draw where the density is not finite
+        there -, every further chain at a random prior draw - a multi-start),
         ``"prior-median"``, ``"map"`` (the density's mode over theta with x_M at the GP
         means, jittered by 2 % per chain; it can land in a poor mode), ``"prior"`` (a
         random prior draw per chain) or P starting values
@@ -270,19 +271,23 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
         strategy = chain_strategy(init, c)
         for _ in range(20):  # a random start may sit where the latent solve fails
             theta0 = starts.theta(strategy, rng)
-            if strategy == "prior" and not np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
+            if np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
+                jobs.append((c, theta0, rng))
+                break
+            if strategy == "prior":
                 continue
-            jobs.append((c, theta0, rng))
-            break
-        else:
-            raise SamplingError(f"20 prior draws gave no finite density to start chain {c} from; pass init values "
-                                "(init=[...]) or narrower priors")
-        if strategy != "prior" and not np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
+            if isinstance(init, str) and init == "spread" and strategy == "prior-median":
+                strategy = "prior"  # the box's centre fails (SEIR, tight box, d2027-seir-025): a prior draw instead
+                continue
             where = (f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
                      + target.explain(theta0, _gp_start(target)))
             if not isinstance(init, str):  # the user's values: bad input
                 raise DataError(where + "; pass other init values")
             raise SamplingError(where + "; pass init values (init=[...]) where the density is finite")
+        else:
+            raise SamplingError(f"20 prior draws gave no finite density to start chain {c} from (the last, "
+                                f"{theta0.tolist()}: {target.explain(theta0, _gp_start(target))}); pass init values "
+                                "(init=[...]) or narrower priors")
     return jobs
 
 

@@ -49,7 +49,13 @@ class Decision:
     for rules that do not refine); at_bound : the prior bounds the best refined optimum
     lies on, in words (e.g. ``"theta1 at its upper bound 10"``); q : (chains, Q) every
     refined unknown (the parameters, then the free initial values of
-    :meth:`RefinedAgreement.problem`), from which step 3 goes on.
+    :meth:`RefinedAgreement.problem`), from which step 3 goes on; fit_ratio : (M,) each observed
+    state's residual sd over its noise level at the best optimum; held : why the best cannot stop
+    the chains yet, in words; box_nll, box_q, box_fit_ratio, box_starts : the best of the least
+    squares from points spread over the prior box so far, its unknowns and residual ratios, and
+    the points refined; kept_nll, kept_q, kept_fit_ratio : the best optimum that earlier checks
+    refined the chains' means to (a chain can leave the data's basin for a worse mode of the
+    gradient-matching density between checks: the optimum it found is kept, not forgotten).
     """
 
     iteration: int
@@ -67,28 +73,33 @@ class Decision:
     box_q: tuple[float, ...] = ()
     box_starts: int = 0
     box_fit_ratio: tuple[float, ...] = ()
+    kept_nll: float = np.inf
+    kept_q: tuple[float, ...] = ()
+    kept_fit_ratio: tuple[float, ...] = ()
 
     @property
     def best_nll(self) -> float:
-        """The lowest negative log likelihood found so far: the chains' refinements at this check
-        and the best box start of every check up to here."""
-        return min(min(self.nll, default=np.inf), self.box_nll)
+        """The lowest negative log likelihood found so far: the chains' refinements at this check and
+        at every earlier one, and the best box start of every check up to here."""
+        return min(min(self.nll, default=np.inf), self.box_nll, self.kept_nll)
 
     @property
     def best_q(self) -> tuple[float, ...]:
         """(Q,) the unknowns of :attr:`best_nll`'s optimum (empty when nothing was refined)."""
-        if not self.nll and not self.box_q:
-            return ()
-        if self.box_q and self.box_nll < min(self.nll, default=np.inf):
+        here = min(self.nll, default=np.inf)
+        if self.kept_q and self.kept_nll < min(here, self.box_nll):
+            return self.kept_q
+        if self.box_q and self.box_nll < here:
             return self.box_q
-        return self.q[int(np.argmin(self.nll))]
+        return self.q[int(np.argmin(self.nll))] if self.nll else ()
 
     def as_dict(self) -> dict:
         return {"iteration": self.iteration, "stop": self.stop, "reason": self.reason, "nll": list(self.nll),
                 "theta": [list(t) for t in self.theta], "settled": self.settled, "refined_at": self.refined_at,
                 "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
                 "held": list(self.held), "box_nll": self.box_nll, "box_q": list(self.box_q),
-                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "best_nll": self.best_nll,
+                "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "kept_nll": self.kept_nll,
+                "kept_q": list(self.kept_q), "kept_fit_ratio": list(self.kept_fit_ratio), "best_nll": self.best_nll,
                 "best_q": list(self.best_q)}
 
 
