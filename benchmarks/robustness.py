@@ -54,6 +54,14 @@ Grid: 36 problems of the design (4 per system, seeded) and the issue's own case,
 3 kernels x 4 fit seeds: 444 fits. The fit rows record the NLL, theta, initial values, steps
 1-3 times, step 2's iterations and stop reason; ``report`` judges them against the references.
 
+Held-out grid: ``--design-seed 2027`` draws the same factors anew (36 problems, ids ``d2027-...``,
+data seeds 2000-2035) that no rule was tuned on, with its own files (``results/robustness_d2027*.jsonl``,
+``.md``)::
+
+    python benchmarks/robustness.py reference --cheap-first --design-seed 2027 &
+    python benchmarks/robustness.py fits --follow --where seed=0 --design-seed 2027 &
+    python benchmarks/robustness.py report --design-seed 2027
+
 Selection: ``--only`` fit or problem ids, ``--where factor=level`` (e.g. ``--where system=seir
 --where box=x10``), ``--limit N`` (first N problems after filtering). Fits whose problem has no
 reference yet are skipped by ``fits`` unless ``--no-reference-needed``. Rows are appended to
