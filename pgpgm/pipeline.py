@@ -63,7 +63,7 @@ from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
-from .refinement.optima import CompetingOptimum, competing_optima, describe
+from .refinement.optima import CompetingOptimum, competing_optima, describe, loose_bound_starts
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
@@ -839,7 +839,7 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
             noise_start[o] = max(float(np.sqrt(np.mean(r**2))), floor) if np.all(np.isfinite(r)) else 100 * floor
     if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
         noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
-    problem, noise_start, refinements, k, competing = _refine_observables_from(
+    problem, noise_start, starts, refinements, k, competing = _refine_observables_from(
         prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, bounds)
     return Refined(refinements[k], refinements, starts, problem, p_s, x0_full, noise_start, unknown, prior, x0_priors,
                    competing)
@@ -874,9 +874,9 @@ def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX
     else:
         noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
     integrator = Integrator(system, obs.times, options.solver)
-    problem, noise_start, refinements, k, competing = _refine_observables_from(
+    problem, noise_start, starts, refinements, k, competing = _refine_observables_from(
         prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, prior.bounds)
-    theta0, x0_start = problem.split(inner[k])
+    theta0, x0_start = problem.split(list(starts.values())[k])
     return Refined(refinements[k], refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior,
                    x0_priors, competing)
 
@@ -1004,7 +1004,7 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
                   for c, th in enumerate(last.theta)}
         if last.box_q:
             others["the stop rule's box search's best optimum"] = np.array(last.box_q, float)[:P]
-    refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, others)
+    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, others)
     return Refined(refinements[k], refinements, starts, problem, theta_s, x0_full, noise_start, unknown,
                    competing=competing)
 
@@ -1025,22 +1025,25 @@ def _refine_observables_from(prepared: Prepared, options: FitOptions, integrator
                              noise_start: np.ndarray, x0_full: np.ndarray, free_x0, starts: dict[str, np.ndarray],
                              bounds: np.ndarray):
     """Step 3 of a fit with observables from every start: the problem (the observables' likelihood with
-    the fit's noise models), the noise parameters' start (O,), the refinements and the best's index."""
+    the fit's noise models), the noise parameters' start (O,), every start (``starts`` and the loose
+    parameters' bound starts), the refinements and the best's index."""
     plan = prepared.noise
     if plan is not None:
         noise_start = noise_parameters_start(plan, prepared.obs, noise_start)
     problem = ObservablesProblem.of(integrator, spec, prepared.obs.values, noise_start, x0_full, free_x0=free_x0,
                                     noise=None if plan is None else plan.names)
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise)
-    return problem, noise_start, refinements, k, competing
+    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise)
+    return problem, noise_start, starts, refinements, k, competing
 
 
 def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bounds: np.ndarray,
                  estimate_noise, others: Mapping[str, np.ndarray] | None = None
-                 ) -> tuple[tuple[Refinement, ...], int, tuple[CompetingOptimum, ...]]:
-    """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``): the refinements, in the
-    order of ``starts``, the index of the best (the lowest negative log likelihood; the first of
+                 ) -> tuple[dict[str, np.ndarray], tuple[Refinement, ...], int, tuple[CompetingOptimum, ...]]:
+    """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``) and, where the best leaves
+    a parameter loose across its box, from that optimum with the parameter at each bound
+    (:func:`~pgpgm.refinement.optima.loose_bound_starts`): every start (``starts`` and those), the
+    refinements in their order, the index of the best (the lowest negative log likelihood; the first of
     equals), and the optima that compete with it (:func:`~pgpgm.refinement.optima.competing_optima`:
     among the refinements, ``others`` (name -> (P,) or (Q,) points, e.g. the stop rule's optima) and the
     best with two parameters exchanged). Raises :class:`ODESolveError` when every start failed; warns
@@ -1051,6 +1054,14 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
     k = min(usable, key=lambda j: refinements[j].nll)
+    loose = loose_bound_starts(refinements[k], bounds)
+    if loose:  # the best's loose parameters at their bounds: held there, then freed; kept if better
+        held = {name: refine(problem, q, held_bounds, estimate_noise=estimate_noise, warn=False)
+                for name, (q, held_bounds) in loose.items()}
+        starts = {**starts, **{name: r.q for name, r in held.items()}}
+        refinements += tuple(refine(problem, r.q, bounds, estimate_noise=estimate_noise, warn=False)
+                             for r in held.values())
+        k = min((j for j, r in enumerate(refinements) if np.isfinite(r.nll)), key=lambda j: refinements[j].nll)
     best = refinements[k]
     names = best.q_names[:best.theta.size]
     competing = competing_optima(problem, best, refinements, others or {}, bounds, names,
@@ -1061,7 +1072,7 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         which = "it" if len(names) == 1 else "some of them"
         warnings.warn(f"the data do not determine {', '.join(names)}: {what} infinite; fix or give a tighter prior "
                       f"to {which}, or measure more states", IdentifiabilityWarning, stacklevel=4)
-    return refinements, k, competing
+    return starts, refinements, k, competing
 
 
 def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, options: FitOptions) -> Posterior:

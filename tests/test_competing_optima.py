@@ -2,6 +2,7 @@
 reported, with its point checked against an independent solver of the closed form."""
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from scipy.optimize import least_squares
 
 import pgpgm
 from pgpgm.errors import CompetingOptimaWarning
-from pgpgm.refinement.optima import distinct, exchanged_pair, on_bounds
+from pgpgm.refinement.optima import distinct, exchanged_pair, loose_bound_starts, on_bounds
 
 
 def test_distinct_needs_some_parameter_outside_either_optimum_s_own_uncertainty():
@@ -93,3 +94,24 @@ def test_a_box_that_keeps_one_branch_has_no_competing_optimum():
         result = pgpgm.fit(spec.system, spec.simulate(seed=0), ["C"], priors=spec.priors(), posterior=None,
                            progressbar=False)
     assert result.competing_optima.empty
+
+
+def test_loose_parameters_give_starts_held_at_their_bounds():
+    # a parameter whose standard error exceeds its box's width (or is infinite) gives two starts, the best's
+    # point with it at each bound and bounds that hold it there; a determined one, or one without a finite
+    # box, none
+    best = SimpleNamespace(q_names=("k1", "km1", "k2", "x0[S]"), theta=np.array([9.5, 5.8, 0.3]),
+                           stderr=np.array([1600.0, np.inf, 0.09]), q=np.array([9.5, 5.8, 0.3, 10.0]))
+    bounds = np.array([[0.0, 10.0], [0.0, 10.0], [0.0, 10.0]])
+    starts = loose_bound_starts(best, bounds)
+    assert list(starts) == [f"{p} at its {side} bound (loose at the best)" for p in ("k1", "km1")
+                            for side in ("lower", "upper")]
+    q, held = starts["km1 at its lower bound (loose at the best)"]
+    np.testing.assert_array_equal(q, [9.5, 0.0, 0.3, 10.0])
+    np.testing.assert_array_equal(held[[0, 2]], bounds[[0, 2]])
+    assert held[1, 0] == 0.0 and 0 < held[1, 1] <= 1e-8
+    q, held = starts["k1 at its upper bound (loose at the best)"]
+    assert q[0] == 10.0 and 10.0 - 1e-8 <= held[0, 0] < held[0, 1] == 10.0
+    assert loose_bound_starts(best, None) == {}
+    assert list(loose_bound_starts(best, np.array([[0.0, np.inf], [0.0, 1e5], [0.0, 10.0]]))) == [
+        "km1 at its lower bound (loose at the best)", "km1 at its upper bound (loose at the best)"]

@@ -67,6 +67,37 @@ class CompetingOptimum:
     on_bounds: tuple[str, ...] = ()
 
 
+def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Starts at the bounds of the parameters the data leave loose at ``best``: name -> ((Q,) point,
+    (P, 2) bounds that hold the parameter at that bound).
+
+    A parameter is loose when its standard error exceeds the width of its finite box (``bounds``
+    (P, 2); inf standard errors included): the likelihood is nearly flat across the box in it, and a
+    separate optimum, often on the box's boundary, may be as good or slightly better than the one the
+    chains found. Each loose parameter gives two starts, the best's unknowns with it at each bound, to
+    be refined with it held there (the held bounds) and then freed: from the best's point with it merely
+    moved to the bound the others would pull it back (d2028-mm-026 of the held-out robustness grid,
+    Michaelis-Menten with 20 % noise: k1 and km1 +- 1600 and 1000 on a ridge near (9.5, 5.8), where
+    every chain and box start ended; the data's optimum, 0.025 nats better, lies at km1 = 0 with k1 =
+    0.36). Empty without finite bounds or loose parameters."""
+    if bounds is None:
+        return {}
+    bounds = np.asarray(bounds, float)
+    names = best.q_names[:best.theta.size]
+    out = {}
+    for j, (lo, hi) in enumerate(bounds):
+        se = float(best.stderr[j])
+        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo and se > hi - lo):
+            continue
+        for side, value in (("lower", lo), ("upper", hi)):
+            q = np.array(best.q, float)
+            q[j] = value
+            held = bounds.copy()
+            held[j] = (lo, lo + 1e-9 * (hi - lo)) if side == "lower" else (hi - 1e-9 * (hi - lo), hi)
+            out[f"{names[j]} at its {side} bound (loose at the best)"] = (q, held)
+    return out
+
+
 def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = ACTIVE_RTOL
               ) -> tuple[str, ...]:
     """The entries of ``theta`` (P,) on a bound of ``bounds`` (P, 2) (within ``rtol`` of the box's
