@@ -63,7 +63,7 @@ from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, warn_at_bounds
-from .refinement.optima import CompetingOptimum, competing_optima, describe, loose_bound_starts
+from .refinement.optima import SCREEN_NLL, CompetingOptimum, competing_optima, describe, loose_bound_starts
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
@@ -845,6 +845,8 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
                    competing)
 
 
+#: residual evaluations of the short refinement of a loose parameter held at a bound (step 3)
+LOOSE_HELD_NFEV = 40
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
 BOX_STARTS = 20
 
@@ -1055,9 +1057,12 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
     k = min(usable, key=lambda j: refinements[j].nll)
     loose = loose_bound_starts(refinements[k], bounds)
-    if loose:  # the best's loose parameters at their bounds: held there, then freed; kept if better
-        held = {name: refine(problem, q, held_bounds, estimate_noise=estimate_noise, warn=False)
+    if loose:  # the best's loose parameters at their bounds: held there (a short refinement), then freed where
+        # that fits within SCREEN_NLL of the best; kept if better
+        held = {name: refine(problem, q, held_bounds, estimate_noise=estimate_noise, warn=False,
+                             max_nfev=LOOSE_HELD_NFEV, max_rounds=2)
                 for name, (q, held_bounds) in loose.items()}
+        held = {name: r for name, r in held.items() if r.nll <= refinements[k].nll + SCREEN_NLL}
         starts = {**starts, **{name: r.q for name, r in held.items()}}
         refinements += tuple(refine(problem, r.q, bounds, estimate_noise=estimate_noise, warn=False)
                              for r in held.values())

@@ -97,11 +97,12 @@ def test_a_box_that_keeps_one_branch_has_no_competing_optimum():
 
 
 def test_loose_parameters_give_starts_held_at_their_bounds():
-    # a parameter whose standard error exceeds its box's width (or is infinite) gives two starts, the best's
-    # point with it at each bound and bounds that hold it there; a determined one, or one without a finite
+    # a parameter whose standard error is finite and exceeds its box's width gives two starts, the best's
+    # point with it at each bound and bounds that hold it there; a determined one, one the data do not see
+    # at all (an infinite standard error: the likelihood is the same along it), or one without a finite
     # box, none
     best = SimpleNamespace(q_names=("k1", "km1", "k2", "x0[S]"), theta=np.array([9.5, 5.8, 0.3]),
-                           stderr=np.array([1600.0, np.inf, 0.09]), q=np.array([9.5, 5.8, 0.3, 10.0]))
+                           stderr=np.array([1600.0, 1000.0, 0.09]), q=np.array([9.5, 5.8, 0.3, 10.0]))
     bounds = np.array([[0.0, 10.0], [0.0, 10.0], [0.0, 10.0]])
     starts = loose_bound_starts(best, bounds)
     assert list(starts) == [f"{p} at its {side} bound (loose at the best)" for p in ("k1", "km1")
@@ -113,5 +114,10 @@ def test_loose_parameters_give_starts_held_at_their_bounds():
     q, held = starts["k1 at its upper bound (loose at the best)"]
     assert q[0] == 10.0 and 10.0 - 1e-8 <= held[0, 0] < held[0, 1] == 10.0
     assert loose_bound_starts(best, None) == {}
-    assert list(loose_bound_starts(best, np.array([[0.0, np.inf], [0.0, 1e5], [0.0, 10.0]]))) == [
+    wide = loose_bound_starts(best, np.array([[0.0, 10.0], [0.0, 1e5], [0.0, 10.0]]))  # km1 +- 1000 in (0, 1e5)
+    assert [name.split()[0] for name in wide] == ["k1", "k1"]
+    unseen = SimpleNamespace(**{**vars(best), "stderr": np.array([np.inf, 1000.0, 0.09])})
+    assert list(loose_bound_starts(unseen, bounds)) == [
+        "km1 at its lower bound (loose at the best)", "km1 at its upper bound (loose at the best)"]
+    assert list(loose_bound_starts(best, np.array([[0.0, np.inf], [0.0, 100.0], [0.0, 10.0]]))) == [
         "km1 at its lower bound (loose at the best)", "km1 at its upper bound (loose at the best)"]

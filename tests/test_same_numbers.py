@@ -19,8 +19,6 @@ and when step 4 came to sample a parameter whose posterior is Gaussian in theta 
 own scale (``pgpgm.posterior.scales``: FitzHugh-Nagumo's a and b, step 4's draws only); and when the stop
 rule's probe came to ask two box points to agree (``RefinedAgreement(probe_agree=2)``): the same step-2 draws,
 FitzHugh-Nagumo's refined point started from another of the probe's optima (4e-9 apart), so its step 4 too;
-and when step 3 came to refine from the bounds of parameters the data leave loose (``loose_bound_starts``):
-the unknown-x2 fit's theta2 (standard error inf) added two starts to ``nll_per_start``, its refined point the same.
 Regenerate the file only for a change that is meant to change
 numbers (``python tests/test_same_numbers.py``), and say so in the commit.
 """

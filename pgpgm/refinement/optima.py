@@ -71,10 +71,12 @@ def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str,
     """Starts at the bounds of the parameters the data leave loose at ``best``: name -> ((Q,) point,
     (P, 2) bounds that hold the parameter at that bound).
 
-    A parameter is loose when its standard error exceeds the width of its finite box (``bounds``
-    (P, 2); inf standard errors included): the likelihood is nearly flat across the box in it, and a
-    separate optimum, often on the box's boundary, may be as good or slightly better than the one the
-    chains found. Each loose parameter gives two starts, the best's unknowns with it at each bound, to
+    A parameter is loose when its standard error is finite and exceeds the width of its finite box
+    (``bounds`` (P, 2)): the likelihood is nearly flat across the box in it, and a separate optimum,
+    often on the box's boundary, may be as good or slightly better than the one the chains found. An
+    infinite standard error is a direction the data do not see at all (pk-infusion's ke0 with C alone
+    measured; a rate that only enters with an unknown initial value): the likelihood is the same along
+    it, so no start there can be better. Each loose parameter gives two starts, the best's unknowns with it at each bound, to
     be refined with it held there (the held bounds) and then freed: from the best's point with it merely
     moved to the bound the others would pull it back (d2028-mm-026 of the held-out robustness grid,
     Michaelis-Menten with 20 % noise: k1 and km1 +- 1600 and 1000 on a ridge near (9.5, 5.8), where
@@ -87,7 +89,7 @@ def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str,
     out = {}
     for j, (lo, hi) in enumerate(bounds):
         se = float(best.stderr[j])
-        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo and se > hi - lo):
+        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo and np.isfinite(se) and se > hi - lo):
             continue
         for side, value in (("lower", lo), ("upper", hi)):
             q = np.array(best.q, float)
