@@ -54,9 +54,9 @@ Grid: 36 problems of the design (4 per system, seeded) and the issue's own case,
 3 kernels x 4 fit seeds: 444 fits. The fit rows record the NLL, theta, initial values, steps
 1-3 times, step 2's iterations and stop reason; ``report`` judges them against the references.
 
-Held-out grid: ``--design-seed 2027`` draws the same factors anew (36 problems, ids ``d2027-...``,
-data seeds 2000-2035) that no rule was tuned on, with its own files (``results/robustness_d2027*.jsonl``,
-``.md``)::
+Held-out grids: ``--design-seed 2027`` (2028, 2029) draws the same factors anew (36 problems, ids
+``d2027-...``, data seeds 2000-2035; 3000-3035; 4000-4035) that no rule was tuned on, with its own files
+(``results/robustness_d2027*.jsonl``, ``.md``)::
 
     python benchmarks/robustness.py reference --cheap-first --design-seed 2027 &
     python benchmarks/robustness.py fits --follow --where seed=0 --design-seed 2027 &
