@@ -199,7 +199,8 @@ def tight_nll(problem: MultiStartProblem, q, tol: float = 1e-12) -> float:
     the data do not see at all (a latent state that feeds nothing observed: pk-infusion's effect
     compartment, ke0 and Ce0) the default solve's error alone moves the NLL by ~1e-6 relative."""
     other = copy.copy(problem)
-    object.__setattr__(other, "integrator", Integrator(problem.integrator.system, problem.times, CVODE(rtol=tol, atol=tol)))
+    integrator = Integrator(problem.integrator.system, problem.times, CVODE(rtol=tol, atol=tol))
+    object.__setattr__(other, "integrator", integrator)
     return other.nll(q)
 
 

@@ -357,13 +357,15 @@ class RefinedAgreement:
             why = (f"probe at {it} iterations: no early stop (a chain's mean fits the data worse than the GPs after "
                    f"a short refinement; chains {_fmt(nll)}); the checks go on from {self.min_iterations} iterations")
             return Decision(it, False, why, nll, tuple(tuple(float(v) for v in r.theta) for r in refs), 0, it,
-                            q=tuple(tuple(float(v) for v in r.q) for r in refs), fit_ratio=tuple(float(v) for v in ratio),
+                            q=tuple(tuple(float(v) for v in r.q) for r in refs),
+                            fit_ratio=tuple(float(v) for v in ratio),
                             box_nll=float(box[0]),
                             box_q=tuple(float(v) for v in box[1]), box_starts=int(box[3]),
                             box_fit_ratio=tuple(float(v) for v in box[2]))
         reached = 0  # box points refined to the chains' optimum
         if chains_agree and not poor and not at_bound:  # only then can the probe stop: the box starts' turn
-            for _ in range(self.probe_starts):  # one at a time, until probe_agree reach the chains' optimum or one beats it
+            # one at a time, until probe_agree reach the chains' optimum or one beats it
+            for _ in range(self.probe_starts):
                 box, (point,) = self._box_search(box, 1, full=True)
                 reached += abs(point - best_nll) <= self.tol
                 if reached >= self.probe_agree or box[0] < best_nll - self.tol:

@@ -76,8 +76,8 @@ def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str,
     often on the box's boundary, may be as good or slightly better than the one the chains found. An
     infinite standard error is a direction the data do not see at all (pk-infusion's ke0 with C alone
     measured; a rate that only enters with an unknown initial value): the likelihood is the same along
-    it, so no start there can be better. Each loose parameter gives two starts, the best's unknowns with it at each bound, to
-    be refined with it held there (the held bounds) and then freed: from the best's point with it merely
+    it, so no start there can be better. Each loose parameter gives two starts, the best's unknowns
+    with it at each bound, to be refined with it held there (the held bounds) and then freed: from the best's point with it merely
     moved to the bound the others would pull it back (d2028-mm-026 of the held-out robustness grid,
     Michaelis-Menten with 20 % noise: k1 and km1 +- 1600 and 1000 on a ridge near (9.5, 5.8), where
     every chain and box start ended; the data's optimum, 0.025 nats better, lies at km1 = 0 with k1 =
