@@ -20,7 +20,7 @@ import xarray as xr
 
 from .checks import as_float_array, check_count, check_gamma, noise_levels
 from .data import Observations, as_observations, initial_value_priors, initial_values
-from .errors import CompetingOptimaWarning, DataError, IdentifiabilityWarning, ODESolveError
+from .errors import BoundWarning, CompetingOptimaWarning, DataError, IdentifiabilityWarning, ODESolveError
 from .gp import GPFit
 from .gp.kernels import KERNELS
 from .logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
@@ -62,7 +62,7 @@ from .posterior.nuts import (
 from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
-from .refinement.bounds import bound_report, warn_at_bounds
+from .refinement.bounds import bound_report, outside_prior_boxes, warn_at_bounds
 from .refinement.optima import SCREEN_NLL, CompetingOptimum, competing_optima, describe, loose_bound_starts
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
@@ -439,7 +439,8 @@ def fit(
     Unknown initial values: ``x0={"H": (0, 50)}`` (a Uniform prior) or ``x0={"H": callable}``
     for a latent state makes ``H_0`` a free variable: sampled with the parameters in step 2,
     refined by least squares with a standard error (``estimates["x0_stderr"]``; the Jacobian
-    from the sensitivity solve), free in the step-4 model. ``result.x0`` gives the refined
+    from the sensitivity solve; free there, so a value outside a Uniform prior's box is named in a
+    :class:`~pgpgm.errors.BoundWarning`), free in the step-4 model. ``result.x0`` gives the refined
     initial value of every state. Known initial values keep the fast path.
 
     A refined estimate on a bound of its Uniform prior within its own uncertainty (2 standard
@@ -1171,6 +1172,14 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
         if isinstance(spec, NUTS) and not mixing_problems(diagnostics[label]):
             warn_if_imprecise(post.tree, stacklevel=4)
     warn_at_bounds(at_bounds, stacklevel=4)
+    x0_priors = matched.density.x0_priors if matched is not None else None
+    if x0_priors is not None and x0_priors.names:  # unknown initial values ("<state>_0") outside their boxes
+        best = refined.best
+        states = [n[:-2] for n in x0_priors.names]
+        outside = outside_prior_boxes(x0_priors, [best.x0[system.states.index(st)] for st in states],
+                                      [best.q_stderr.get(f"x0[{st}]", np.nan) for st in states])
+        if outside:
+            warnings.warn("; ".join(outside), BoundWarning, stacklevel=4)
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe
         best = refined.best
         warnings.warn(describe(refined.competing, best, best.q_names[:best.theta.size]), CompetingOptimaWarning,

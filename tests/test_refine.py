@@ -469,3 +469,24 @@ def test_the_fit_names_an_undetermined_parameter_once_and_in_the_singular():
                         "to it, or measure more states"]
     ref = optimize.least_squares(lambda p: p[1] * np.exp(-p[0] * t) - y, [0.5, 1.0], xtol=1e-14, ftol=1e-14).x
     np.testing.assert_allclose([fit.theta[0], fit.estimates["x0"].values[0]], ref, rtol=1e-5)  # x(0) is refined too
+
+
+def test_an_unknown_initial_value_refined_outside_its_prior_is_named():
+    # FitzHugh-Nagumo, R observed, V(0) unknown with the prior (-0.3, 0.3) while the data's V(0) is -1: step 3
+    # leaves unknown initial values free and refines V(0) to about -0.91, many standard errors outside the box;
+    # the fit says so (a BoundWarning naming V_0, its value and the box) instead of returning it silently
+    fhn = pgpgm.load_model("fitzhugh-nagumo")
+    data = fhn.simulate("R-observed", seed=0)
+    with pytest.warns(pgpgm.BoundWarning, match=r"V_0 is refined to -0\.9\d* \(standard error .*outside its prior "
+                                                r"\(-0\.3, 0\.3\)") as record:
+        r = pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-0.3, 0.3)}, priors=fhn.priors("R-observed"),
+                      posterior=None, progressbar=False)
+    v0, se = float(r.estimates["x0"].sel(state="V")), float(r.estimates["x0_stderr"].sel(state="V"))
+    assert v0 < -0.3 - 5 * se
+    # inside its box: no such warning
+    with warnings.catch_warnings(record=True) as inside:
+        warnings.simplefilter("always")
+        pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-2.0, 2.0)}, priors=fhn.priors("R-observed"), posterior=None,
+                  progressbar=False)
+    assert not [w for w in inside if "outside its prior" in str(w.message)]
+    assert len([w for w in record if "outside its prior" in str(w.message)]) == 1

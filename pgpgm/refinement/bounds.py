@@ -144,6 +144,20 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
     return tuple(out)
 
 
+def outside_prior_boxes(priors: Priors, values: Sequence[float], stderr: Sequence[float]) -> tuple[str, ...]:
+    """One sentence per value outside its Uniform prior's box (``priors`` (K,) in order; ``values``,
+    ``stderr`` (K,)): unknown initial values, which step 3 leaves free while steps 2 and 4 keep to their
+    priors (FitzHugh-Nagumo, R observed, ``x0={"V": (-0.3, 0.3)}``: V(0) refined to -0.91 +- 0.05)."""
+    out = []
+    for name, spec, v, se in zip(priors.names, priors.specs, values, stderr):
+        if callable(spec) or (spec[0] <= v <= spec[1]):
+            continue
+        out.append(f"{name} is refined to {v:.4g} (standard error {se:.3g}), outside its prior ({spec[0]:g}, "
+                   f"{spec[1]:g}): step 3 leaves unknown initial values free and the data fit better there, while "
+                   f"step 4 keeps to the prior; widen the prior if such values are plausible")
+    return tuple(out)
+
+
 def warn_at_bounds(report: Sequence[AtBound], stacklevel: int = 3) -> None:
     """One :class:`~pgpgm.errors.BoundWarning` naming every parameter of ``report``."""
     if report:
