@@ -63,7 +63,7 @@ from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, outside_prior_boxes, warn_at_bounds
-from .refinement.optima import SCREEN_NLL, CompetingOptimum, competing_optima, describe, loose_bound_starts
+from .refinement.optima import CompetingOptimum, competing_optima, describe, refine_from_loose_bounds
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
@@ -846,8 +846,6 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
                    competing)
 
 
-#: residual evaluations of the short refinement of a loose parameter held at a bound (step 3)
-LOOSE_HELD_NFEV = 40
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
 BOX_STARTS = 20
 
@@ -1045,7 +1043,7 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
                  ) -> tuple[dict[str, np.ndarray], tuple[Refinement, ...], int, tuple[CompetingOptimum, ...]]:
     """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``) and, where the best leaves
     a parameter loose across its box, from that optimum with the parameter at each bound
-    (:func:`~pgpgm.refinement.optima.loose_bound_starts`): every start (``starts`` and those), the
+    (:func:`~pgpgm.refinement.optima.refine_from_loose_bounds`): every start (``starts`` and those), the
     refinements in their order, the index of the best (the lowest negative log likelihood; the first of
     equals), and the optima that compete with it (:func:`~pgpgm.refinement.optima.competing_optima`:
     among the refinements, ``others`` (name -> (P,) or (Q,) points, e.g. the stop rule's optima) and the
@@ -1057,16 +1055,10 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
     k = min(usable, key=lambda j: refinements[j].nll)
-    loose = loose_bound_starts(refinements[k], bounds)
-    if loose:  # the best's loose parameters at their bounds: held there (a short refinement), then freed where
-        # that fits within SCREEN_NLL of the best; kept if better
-        held = {name: refine(problem, q, held_bounds, estimate_noise=estimate_noise, warn=False,
-                             max_nfev=LOOSE_HELD_NFEV, max_rounds=2)
-                for name, (q, held_bounds) in loose.items()}
-        held = {name: r for name, r in held.items() if r.nll <= refinements[k].nll + SCREEN_NLL}
-        starts = {**starts, **{name: r.q for name, r in held.items()}}
-        refinements += tuple(refine(problem, r.q, bounds, estimate_noise=estimate_noise, warn=False)
-                             for r in held.values())
+    loose = refine_from_loose_bounds(problem, refinements[k], bounds, estimate_noise)
+    if loose:  # the best's loose parameters from their bounds: kept if better
+        starts = {**starts, **{name: q for name, (q, _) in loose.items()}}
+        refinements += tuple(r for _, r in loose.values())
         k = min((j for j, r in enumerate(refinements) if np.isfinite(r.nll)), key=lambda j: refinements[j].nll)
     best = refinements[k]
     names = best.q_names[:best.theta.size]

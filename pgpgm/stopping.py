@@ -64,11 +64,9 @@ from .errors import DataError
 from .matching.density import GradientMatchingDensity
 from .matching.stop import Checkpoint, Decision
 from .refinement.bounds import bound_report
-from .refinement.least_squares import LeastSquaresProblem, refine
+from .refinement.least_squares import SHORT_NFEV, LeastSquaresProblem, refine
 from .solve import Integrator
 
-#: residual evaluations of a box point's first, short refinement (:meth:`RefinedAgreement._box_search`)
-_PROBE_NFEV = 40
 #: the noise sds' relative tolerance of the rule's refinements when several observed states' sds are
 #: estimated (their alternation's rounds; :func:`pgpgm.refine`'s ``noise_rtol``, 1e-7); None: refine's own.
 #: The rule compares optima to ``tol`` nats, which an sd off by d relative moves by about N d^2; step 3
@@ -339,7 +337,7 @@ class RefinedAgreement:
         # short refinements first (as the box search's probes): a chain whose mean does not fit the data
         # after them rules the stop out at little cost; otherwise every chain's is refined fully from there
         refs = [self._refine(pr, np.concatenate([c.theta, pr.x0[list(pr.free_x0)]]), self.bounds,
-                       estimate_noise=self.estimate_noise, warn=False, max_nfev=_PROBE_NFEV, max_rounds=2)
+                       estimate_noise=self.estimate_noise, warn=False, max_nfev=SHORT_NFEV, max_rounds=2)
                 for pr, c in zip(problems, checkpoints)]
         short = any(self._poor(self.residual_ratio(pr, r)) for pr, r in zip(problems, refs))
         if not short:
@@ -461,7 +459,7 @@ class RefinedAgreement:
             # a short probe (most box points lie in basins that a full refinement would crawl through);
             # one that beats the best so far is refined fully from where it stopped
             r = self._refine(problem, np.concatenate([z[:P], problem.x0[list(problem.free_x0)]]), self.bounds,
-                       estimate_noise=self.estimate_noise, warn=False, max_nfev=_PROBE_NFEV, max_rounds=2)
+                       estimate_noise=self.estimate_noise, warn=False, max_nfev=SHORT_NFEV, max_rounds=2)
             if r.nll < box[0] or full and not self._poor(self.residual_ratio(problem, r)):
                 r = self._refine(problem, r.q, self.bounds, estimate_noise=self.estimate_noise, warn=False)
             if r.nll < box[0]:

@@ -263,7 +263,7 @@ def _run_in_process(target: GradientMatchingTarget, jobs: list, kwargs: dict, ba
 
 def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> list:
     """(chain, theta0 (P,), its generator after choosing the start) for every chain."""
-    starts = Starts(target)
+    starts, x_start = Starts(target), _gp_start(target)
     seeds = np.random.SeedSequence(seed).spawn(chains)
     jobs = []
     for c in range(chains):
@@ -271,7 +271,7 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
         strategy = chain_strategy(init, c)
         for _ in range(20):  # a random start may sit where the latent solve fails
             theta0 = starts.theta(strategy, rng)
-            if np.isfinite(target.evaluate(theta0, _gp_start(target))[0]):
+            if np.isfinite(target.evaluate(theta0, x_start)[0]):
                 jobs.append((c, theta0, rng))
                 break
             if strategy == "prior":
@@ -280,13 +280,13 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
                 strategy = "prior"  # the box's centre fails (SEIR, tight box, d2027-seir-025): a prior draw instead
                 continue
             where = (f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
-                     + target.explain(theta0, _gp_start(target)))
+                     + target.explain(theta0, x_start))
             if not isinstance(init, str):  # the user's values: bad input
                 raise DataError(where + "; pass other init values")
             raise SamplingError(where + "; pass init values (init=[...]) where the density is finite")
         else:
             raise SamplingError(f"20 prior draws gave no finite density to start chain {c} from (the last, "
-                                f"{theta0.tolist()}: {target.explain(theta0, _gp_start(target))}); pass init values "
+                                f"{theta0.tolist()}: {target.explain(theta0, x_start)}); pass init values "
                                 "(init=[...]) or narrower priors")
     return jobs
 

@@ -348,6 +348,11 @@ class LeastSquaresProblem:
         return float(np.sum(n * np.log(sd) + rss / (2 * sd**2)) + 0.5 * n.sum() * np.log(2 * np.pi))
 
 
+#: residual evaluations of a short refinement (two noise rounds at most): a screen of a start before a full
+#: refinement (the stop rule's box points, step 3's loose parameters held at a bound)
+SHORT_NFEV = 40
+
+
 def refine(
     problem: LeastSquaresProblem,
     q0,

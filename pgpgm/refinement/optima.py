@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ODESolveError
 from .bounds import ACTIVE_RTOL
-from .least_squares import LeastSquaresProblem, Refinement, refine
+from .least_squares import SHORT_NFEV, LeastSquaresProblem, Refinement, refine
 
 #: nats: an optimum within this of the best negative log likelihood competes with it
 COMPETING_NLL = 2.0
@@ -97,6 +97,21 @@ def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str,
             held = bounds.copy()
             held[j] = (lo, lo + 1e-9 * (hi - lo)) if side == "lower" else (hi - 1e-9 * (hi - lo), hi)
             out[f"{names[j]} at its {side} bound (loose at the best)"] = (q, held)
+    return out
+
+
+def refine_from_loose_bounds(problem: LeastSquaresProblem, best: Refinement, bounds: np.ndarray | None,
+                             estimate_noise, screen: float = SCREEN_NLL) -> dict[str, tuple[np.ndarray, Refinement]]:
+    """Refinements from :func:`loose_bound_starts`: each start refined briefly (``SHORT_NFEV``) with its
+    parameter held at the bound, then, where that fits within ``screen`` nats of ``best``, freed and
+    refined fully. name -> (the free refinement's start (Q,), the refinement); empty when no parameter
+    is loose."""
+    out = {}
+    for name, (q, held_bounds) in loose_bound_starts(best, bounds).items():
+        held = refine(problem, q, held_bounds, estimate_noise=estimate_noise, warn=False, max_nfev=SHORT_NFEV,
+                      max_rounds=2)
+        if held.nll <= best.nll + screen:
+            out[name] = (held.q, refine(problem, held.q, bounds, estimate_noise=estimate_noise, warn=False))
     return out
 
 
