@@ -145,12 +145,12 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
     model, center, sd = _decay_model()
     aheads = []
 
-    def run(seconds_left, gradients, max_draws, pause):
+    def run(seconds_left, gradients, max_draws, pause, after_a_check=False):
         calls = []
 
-        def spent(steps, ahead=0.0):
-            aheads.append(ahead)
-            return steps >= gradients
+        def spent(steps, ahead=0.0):  # after_a_check: not before the first check (a fast model on an idle
+            aheads.append(ahead)      # machine may spend 8000 gradients between two polls before it)
+            return steps >= gradients and (calls or not after_a_check)
 
         def converged(so_far):
             calls.append(int(so_far.posterior.sizes["draw"]))
@@ -163,7 +163,7 @@ def test_no_check_is_begun_that_would_end_past_the_time_budget():
                              whiten=(np.array([-0.2, 1.9]), np.array([[0.04, 0.01], [0.01, 0.09]])))
         return calls, int(tree.posterior.sizes["draw"])
 
-    few, n_few = run(lambda: 0.1, 8_000, 100_000, 0.3)
+    few, n_few = run(lambda: 0.1, 8_000, 100_000, 0.3, after_a_check=True)
     assert few == [100] and n_few > 100  # one check; the draws up to the end are returned
     assert aheads[0] == 0.0 and 0.3 <= max(aheads) < 5.0  # the check slept 0.3 s
     lagging, n_lagging = run(None, 8_000, 100_000, 0.3)
