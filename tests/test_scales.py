@@ -1,6 +1,8 @@
 """Step 4's sampling scale per parameter (pgpgm.posterior.scales) and the own scale's soft wall at 0
 (pgpgm.priors.SoftplusTransform), against analytic log densities and finite differences."""
 
+import warnings
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -100,6 +102,19 @@ def test_an_undetermined_parameter_or_a_probe_outside_the_box_keeps_the_log_scal
     (wide,) = choose_scales(_gaussian([0.1], [[0.08**2]]), np.array([0.1]), np.array([[0.08**2]]), ["a"],
                             {"a": 2.0})
     assert not wide.own and wide.own_asymmetry == np.inf
+
+
+def test_a_probe_far_along_a_loose_direction_leaves_the_box_quietly():
+    """A parameter correlated with one whose se is 1e5 times its value (an unknown initial value on a ridge to
+    infinity, the held-out d2029-pt-020): the log-scale probe overflows, leaves the box, and says nothing
+    (numpy's overflow RuntimeWarning reached the user)."""
+    def logp(q):
+        return float(stats.norm(0.25, 0.08).logpdf(q[0]) + stats.norm(200.0, 1e5).logpdf(q[1]))
+    cov = np.array([[0.08**2, 0.99 * 0.08 * 1e5], [0.99 * 0.08 * 1e5, 1e10]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        choices = choose_scales(logp, np.array([0.25, 200.0]), cov, ["a", "b"], {"a": 2.0, "b": 1e9})
+    assert [(c.own, c.log_asymmetry) for c in choices] == [(False, np.inf)] * 2
 
 
 def _fd_conditional_sd(logp, h=1e-4):

@@ -166,7 +166,8 @@ def _probes(logp, q: np.ndarray, cov: np.ndarray, i: int, logged: np.ndarray, up
     values, points = [], []
     for sign in (1.0, -1.0):
         wp = w + sign * PROBE_SE * line
-        qp = np.where(logged, np.exp(wp), wp)
+        with np.errstate(over="ignore"):  # a probe far along a loose direction: inf, which leaves the box
+            qp = np.where(logged, np.exp(wp), wp)
         if np.any(qp[pos] <= 0) or np.any(qp >= upper):
             return None, None
         v = logp(qp) + float(np.sum(wp[logged]))  # + log |dq/dw| of the log coordinates
