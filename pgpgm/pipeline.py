@@ -63,7 +63,8 @@ from .posterior.scales import choose_scales
 from .priors import Priors, PriorSpec
 from .refinement import LeastSquaresProblem, ObservablesProblem, Refinement, refine
 from .refinement.bounds import bound_report, outside_prior_boxes, warn_at_bounds
-from .refinement.optima import CompetingOptimum, competing_optima, describe, refine_from_loose_bounds
+from .refinement.optima import (CompetingOptimum, competing_optima, describe, outside_boxes, refine_from_loose_bounds,
+                                refine_inside_boxes)
 from .result import FitResult, assemble
 from .solve import CVODE, DOPRI5, Integrator, Solver
 from .stopping import RefinedAgreement
@@ -841,13 +842,22 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
     if options.noise_sd is not None:  # known sds (normal and lognormal: of log y, set from plan.known below)
         noise_start = np.broadcast_to(np.asarray(options.noise_sd, float).reshape(-1), (O,)).copy()
     problem, noise_start, starts, refinements, k, competing = _refine_observables_from(
-        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, bounds)
+        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, bounds,
+        x0_priors if x0_priors is not None else dict(zip(sampled_unknown, density.x0_priors.specs)))
     return Refined(refinements[k], refinements, starts, problem, p_s, x0_full, noise_start, unknown, prior, x0_priors,
                    competing)
 
 
 #: starts of step 3 spread over the prior box when no state is measured directly (refine_from_box)
 BOX_STARTS = 20
+#: step 3's start (``result.nll_per_start``) of the best held to the boxes of the unknown initial values
+INSIDE_BOXES = "the best held inside the initial values' prior boxes"
+
+
+def _x0_boxes(unknown: Sequence[str], specs: Sequence[PriorSpec]) -> dict[str, tuple[float, float]]:
+    """Step 3's q name ``"x0[<state>]"`` -> the (lower, upper) of each unknown initial value's Uniform prior
+    (``unknown`` (U,) states, ``specs`` (U,) their priors; other priors have no box)."""
+    return {f"x0[{st}]": (float(spec[0]), float(spec[1])) for st, spec in zip(unknown, specs) if not callable(spec)}
 
 
 def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX_STARTS) -> Refined:
@@ -876,7 +886,7 @@ def refine_from_box(prepared: Prepared, options: FitOptions, n_starts: int = BOX
         noise_start = np.array([0.1 * (float(np.std(obs.state_values(o))) or 1.0) for o in range(O)])
     integrator = Integrator(system, obs.times, options.solver)
     problem, noise_start, starts, refinements, k, competing = _refine_observables_from(
-        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, prior.bounds)
+        prepared, options, integrator, spec, noise_start, x0_full, free_x0, starts, prior.bounds, x0_priors)
     theta0, x0_start = problem.split(list(starts.values())[k])
     return Refined(refinements[k], refinements, starts, problem, theta0, x0_start, noise_start, unknown, prior,
                    x0_priors, competing)
@@ -1005,7 +1015,8 @@ def refine_step(prepared: Prepared, matched: Matched, options: FitOptions) -> Re
                   for c, th in enumerate(last.theta)}
         if last.box_q:
             others["the stop rule's box search's best optimum"] = np.array(last.box_q, float)[:P]
-    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, others)
+    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, others,
+                                                     _x0_boxes(unknown, density.x0_priors.specs))
     return Refined(refinements[k], refinements, starts, problem, theta_s, x0_full, noise_start, unknown,
                    competing=competing)
 
@@ -1024,22 +1035,25 @@ def _without_fixed(priors, init, fixed: Mapping[str, float], parameters: Sequenc
 
 def _refine_observables_from(prepared: Prepared, options: FitOptions, integrator: Integrator, spec: Observables,
                              noise_start: np.ndarray, x0_full: np.ndarray, free_x0, starts: dict[str, np.ndarray],
-                             bounds: np.ndarray):
+                             bounds: np.ndarray, x0_priors: Mapping[str, PriorSpec] | None):
     """Step 3 of a fit with observables from every start: the problem (the observables' likelihood with
     the fit's noise models), the noise parameters' start (O,), every start (``starts`` and the loose
-    parameters' bound starts), the refinements and the best's index."""
+    parameters' bound starts), the refinements and the best's index. ``x0_priors``: the unknown initial
+    values' priors by state (their boxes hold the best: :func:`_refine_from`), or None."""
     plan = prepared.noise
     if plan is not None:
         noise_start = noise_parameters_start(plan, prepared.obs, noise_start)
     problem = ObservablesProblem.of(integrator, spec, prepared.obs.values, noise_start, x0_full, free_x0=free_x0,
                                     noise=None if plan is None else plan.names)
     estimate_noise = options.noise_sd is None if plan is None else plan.estimated
-    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise)
+    boxes = _x0_boxes(list(x0_priors), list(x0_priors.values())) if x0_priors else {}
+    starts, refinements, k, competing = _refine_from(problem, starts, bounds, estimate_noise, x0_boxes=boxes)
     return problem, noise_start, starts, refinements, k, competing
 
 
 def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bounds: np.ndarray,
-                 estimate_noise, others: Mapping[str, np.ndarray] | None = None
+                 estimate_noise, others: Mapping[str, np.ndarray] | None = None,
+                 x0_boxes: Mapping[str, tuple[float, float]] | None = None
                  ) -> tuple[dict[str, np.ndarray], tuple[Refinement, ...], int, tuple[CompetingOptimum, ...]]:
     """Step 3 from every start (``starts``: name -> (Q,) point of ``problem``) and, where the best leaves
     a parameter loose across its box, from that optimum with the parameter at each bound
@@ -1047,8 +1061,12 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
     refinements in their order, the index of the best (the lowest negative log likelihood; the first of
     equals), and the optima that compete with it (:func:`~pgpgm.refinement.optima.competing_optima`:
     among the refinements, ``others`` (name -> (P,) or (Q,) points, e.g. the stop rule's optima) and the
-    best with two parameters exchanged). Raises :class:`ODESolveError` when every start failed; warns
-    when the data do not determine some parameters at the best."""
+    best with two parameters exchanged). The free initial values are refined unbounded; where the best
+    has some outside its box in ``x0_boxes`` (q name ``"x0[<state>]"`` -> its Uniform prior's (lower,
+    upper)), it is refined once more held to those boxes
+    (:func:`~pgpgm.refinement.optima.refine_inside_boxes`), and the best is the best of the refinements
+    inside them (the report names what the data said outside). Raises :class:`ODESolveError` when every
+    start failed; warns when the data do not determine some parameters at the best."""
     refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
                         for q in starts.values())
     usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
@@ -1060,10 +1078,18 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         starts = {**starts, **{name: q for name, (q, _) in loose.items()}}
         refinements += tuple(r for _, r in loose.values())
         k = min((j for j, r in enumerate(refinements) if np.isfinite(r.nll)), key=lambda j: refinements[j].nll)
+    boxes = x0_boxes or {}
+    inside = refine_inside_boxes(problem, refinements[k], bounds, boxes, estimate_noise)
+    if inside is not None:  # the best held to the initial values' boxes: the best of those inside them
+        starts = {**starts, INSIDE_BOXES: inside[0]}
+        refinements += (inside[1],)
+        kept = [j for j, r in enumerate(refinements) if np.isfinite(r.nll) and not outside_boxes(r.q, r.q_names, boxes)]
+        k = min(kept, key=lambda j: refinements[j].nll) if kept else k
     best = refinements[k]
     names = best.q_names[:best.theta.size]
-    competing = competing_optima(problem, best, refinements, others or {}, bounds, names,
-                                 estimate_noise=estimate_noise, labels=list(starts))
+    labels = [n for n, r in zip(starts, refinements) if not outside_boxes(r.q, r.q_names, boxes)]
+    competing = competing_optima(problem, best, [r for r in refinements if not outside_boxes(r.q, r.q_names, boxes)],
+                                 others or {}, bounds, names, estimate_noise=estimate_noise, labels=labels)
     if refinements[k].undetermined:
         names = refinements[k].undetermined
         what = "its standard error is" if len(names) == 1 else "their standard errors are"
@@ -1164,12 +1190,16 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
         if isinstance(spec, NUTS) and not mixing_problems(diagnostics[label]):
             warn_if_imprecise(post.tree, stacklevel=4)
     warn_at_bounds(at_bounds, stacklevel=4)
-    x0_priors = matched.density.x0_priors if matched is not None else None
-    if x0_priors is not None and x0_priors.names:  # unknown initial values ("<state>_0") outside their boxes
+    if INSIDE_BOXES in refined.starts:  # unknown initial values the data put outside their boxes: held there
         best = refined.best
-        states = [n[:-2] for n in x0_priors.names]
-        outside = outside_prior_boxes(x0_priors, [best.x0[system.states.index(st)] for st in states],
-                                      [best.q_stderr.get(f"x0[{st}]", np.nan) for st in states])
+        free = min((r for r in refined.refinements if np.isfinite(r.nll)), key=lambda r: r.nll)
+        x0_priors = (dict(zip(refined.unknown, matched.density.x0_priors.specs)) if refined.x0_priors is None
+                     else refined.x0_priors)
+        boxed = [st for st, spec in x0_priors.items() if not callable(spec)]
+        index = [system.states.index(st) for st in boxed]
+        outside = outside_prior_boxes([initial_value_name(st) for st in boxed], [x0_priors[st] for st in boxed],
+                                      best.x0[index], free.x0[index],
+                                      [free.q_stderr.get(f"x0[{st}]", np.nan) for st in boxed], best.nll - free.nll)
         if outside:
             warnings.warn("; ".join(outside), BoundWarning, stacklevel=4)
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe

@@ -4,7 +4,8 @@ import warnings
 
 import numpy as np
 import pytest
-from scipy import optimize
+from scipy import integrate, optimize
+from scipy.stats import qmc
 
 import pgpgm
 from pgpgm.errors import DataError, IdentifiabilityWarning
@@ -329,11 +330,28 @@ def test_bad_problem_input_is_a_data_error(sum_decay, change, fragment):
                             args["x0"], free_x0=args["free_x0"])
 
 
+def test_bounds_of_every_unknown_hold_a_free_initial_value():
+    """(Q, 2) bounds hold the free initial value too: x' = -k x, x(0) = 2 in the data, held in (0, 1.5) and
+    (-inf, inf) for k: the optimum on x(0)'s bound equals scipy's bounded fit of the closed form."""
+    system = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay1")
+    t = np.linspace(0.0, 3.0, 30)
+    y = 2.0 * np.exp(-0.7 * t) + 0.01 * np.random.default_rng(3).standard_normal(t.size)
+    prob = LeastSquaresProblem(pgpgm.Integrator(system, t), y, [0], 0.01, [1.0], free_x0=(0,))
+    res = refine(prob, [0.5, 1.0], [[-np.inf, np.inf], [0.0, 1.5]])
+    ref = optimize.least_squares(lambda q: q[1] * np.exp(-q[0] * t) - y, [0.5, 1.0],
+                                 bounds=([-np.inf, 0.0], [np.inf, 1.5]), xtol=1e-14, ftol=1e-14).x
+    assert res.x0[0] == pytest.approx(1.5, abs=1e-9) and ref[1] == pytest.approx(1.5)
+    assert res.theta[0] == pytest.approx(ref[0], rel=1e-5)
+    free = refine(prob, [0.5, 1.0], [[-np.inf, np.inf]])  # (P, 2): the initial value free
+    assert free.x0[0] == pytest.approx(2.0, abs=0.02) and free.nll < res.nll
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(q0=[1.0]), "q0 must hold"),
     (dict(q0=[1.0, np.nan]), "q0 must hold"),
     (dict(q0=[1.0, 1.0], bounds=[[0, 1]]), "bounds must be"),
     (dict(q0=[1.0, 1.0], bounds=[[0, 1], [2, 1]]), "bounds must be"),
+    (dict(q0=[1.0, 1.0], bounds=[[0, 1], [0, np.nan]]), "bounds must be"),
     (dict(q0=[1.0, 1.0], estimate_noise=[True, False]), "estimate_noise"),
 ])
 def test_bad_refine_input_is_a_data_error(sum_decay, kwargs, fragment):
@@ -471,22 +489,53 @@ def test_the_fit_names_an_undetermined_parameter_once_and_in_the_singular():
     np.testing.assert_allclose([fit.theta[0], fit.estimates["x0"].values[0]], ref, rtol=1e-5)  # x(0) is refined too
 
 
-def test_an_unknown_initial_value_refined_outside_its_prior_is_named():
+def _fhn_r_nll(q: np.ndarray, t: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """FitzHugh-Nagumo with R observed, q = (a, b, c, V(0), R(0)): the profile negative log likelihood
+    (Gaussian, the sd at its maximum) and the residuals, by scipy's own solver."""
+    a, b, c, v0, r0 = q
+    rhs = lambda _, x: [c * (x[0] - x[0] ** 3 / 3 + x[1]), -(x[0] - a + b * x[1]) / c]  # noqa: E731
+    sol = integrate.solve_ivp(rhs, (t[0], t[-1]), [v0, r0], t_eval=t, method="LSODA", rtol=1e-11, atol=1e-11)
+    r = sol.y[1] - y
+    n = r.size
+    return 0.5 * n * (np.log(2 * np.pi * np.mean(r**2)) + 1), r
+
+
+def test_an_unknown_initial_value_is_held_inside_its_prior_and_what_the_data_said_outside_is_named():
     # FitzHugh-Nagumo, R observed, V(0) unknown with the prior (-0.3, 0.3) while the data's V(0) is -1: step 3
-    # leaves unknown initial values free and refines V(0) to about -0.91, many standard errors outside the box;
-    # the fit says so (a BoundWarning naming V_0, its value and the box) instead of returning it silently
+    # refines V(0) unbounded to about -0.91, many standard errors outside the box, then held to it: the refined
+    # point is the optimum inside the prior (an independent bounded multi-start's, by scipy's own solver), and
+    # a BoundWarning names V_0, the box, and the value and gain outside it (before: -0.91 was returned)
     fhn = pgpgm.load_model("fitzhugh-nagumo")
     data = fhn.simulate("R-observed", seed=0)
-    with pytest.warns(pgpgm.BoundWarning, match=r"V_0 is refined to -0\.9\d* \(standard error .*outside its prior "
-                                                r"\(-0\.3, 0\.3\)") as record:
-        r = pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-0.3, 0.3)}, priors=fhn.priors("R-observed"),
-                      posterior=None, progressbar=False)
-    v0, se = float(r.estimates["x0"].sel(state="V")), float(r.estimates["x0_stderr"].sel(state="V"))
-    assert v0 < -0.3 - 5 * se
+    priors = fhn.priors("R-observed")
+    with pytest.warns(pgpgm.BoundWarning, match=r"V_0 is held at -0\.3 by its prior \(-0\.3, 0\.3\): the data fit "
+                                                r"better outside it, at -0\.9\d* .*lower by \d+") as record:
+        r = pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-0.3, 0.3)}, priors=priors, posterior=None,
+                      progressbar=False)
+    assert r.x0["V"] == pytest.approx(-0.3, abs=1e-9)
+    per_start = r.nll_per_start
+    assert per_start["the best held inside the initial values' prior boxes"] == pytest.approx(r.nll, abs=1e-9)
+    assert per_start.min() < r.nll - 19  # the unbounded optimum, kept in the table
+    # the reference, by scipy's solver and least squares: the unbounded optimum from the truth, moved into
+    # the box and refined there (R(0), the observed state's initial value, free as in the fit)
+    t, y = data.time.values, data.y.values[:, 0]
+    box = np.array([priors[p] for p in fhn.system.parameters] + [(-0.3, 0.3), (-np.inf, np.inf)], float)
+    nll = lambda q: _fhn_r_nll(q, t, y)[0]  # noqa: E731
+    solve = lambda q0, lo, hi: optimize.least_squares(lambda q: _fhn_r_nll(q, t, y)[1], q0,  # noqa: E731
+                                                      bounds=(lo, hi), xtol=1e-12, ftol=1e-12, x_scale="jac").x
+    free = solve([0.2, 0.2, 3.0, -1.0, 1.0], -np.inf, np.inf)
+    assert free[3] == pytest.approx(-0.91, abs=0.02) and nll(free) < r.nll - 19
+    held = solve(np.clip(free, box[:, 0], box[:, 1]), box[:, 0], box[:, 1])
+    assert r.nll == pytest.approx(nll(held), rel=1e-6, abs=1e-6)
+    assert r.theta == pytest.approx(held[:3], rel=1e-3, abs=1e-6)
+    # and no better than the fit from random starts in the box
+    starts = qmc.LatinHypercube(d=4, seed=1).random(4)
+    starts = np.column_stack([qmc.scale(starts, box[:4, 0] + 1e-6, box[:4, 1] - 1e-6), np.full(4, y[0])])
+    assert min(nll(solve(q0, box[:, 0], box[:, 1])) for q0 in starts) >= r.nll - 1e-6
+    assert len([w for w in record if "held at" in str(w.message)]) == 1
     # inside its box: no such warning
     with warnings.catch_warnings(record=True) as inside:
         warnings.simplefilter("always")
-        pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-2.0, 2.0)}, priors=fhn.priors("R-observed"), posterior=None,
+        pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-2.0, 2.0)}, priors=priors, posterior=None,
                   progressbar=False)
-    assert not [w for w in inside if "outside its prior" in str(w.message)]
-    assert len([w for w in record if "outside its prior" in str(w.message)]) == 1
+    assert not [w for w in inside if "held at" in str(w.message)]

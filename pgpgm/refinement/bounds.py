@@ -144,17 +144,21 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
     return tuple(out)
 
 
-def outside_prior_boxes(priors: Priors, values: Sequence[float], stderr: Sequence[float]) -> tuple[str, ...]:
-    """One sentence per value outside its Uniform prior's box (``priors`` (K,) in order; ``values``,
-    ``stderr`` (K,)): unknown initial values, which step 3 leaves free while steps 2 and 4 keep to their
-    priors (FitzHugh-Nagumo, R observed, ``x0={"V": (-0.3, 0.3)}``: V(0) refined to -0.91 +- 0.05)."""
+def outside_prior_boxes(names: Sequence[str], boxes: Sequence[tuple[float, float]], held: Sequence[float],
+                        free: Sequence[float], stderr: Sequence[float], gain: float) -> tuple[str, ...]:
+    """One sentence per unknown initial value the data put outside its Uniform prior's box: ``names`` (K,),
+    their ``boxes`` (K,) (lower, upper), the values ``held`` (K,) inside them (step 3's refined point) and
+    ``free`` (K,) with ``stderr`` (K,) where the initial values are left unbounded, whose negative log
+    likelihood is ``gain`` nats lower. Step 3 refines the initial values unbounded first, then, where they
+    leave their boxes, held to them (FitzHugh-Nagumo, R observed, ``x0={"V": (-0.3, 0.3)}``: V(0) refined to
+    -0.91 +- 0.05 unbounded, -0.3 held; before, the unbounded value was returned)."""
     out = []
-    for name, spec, v, se in zip(priors.names, priors.specs, values, stderr):
-        if callable(spec) or (spec[0] <= v <= spec[1]):
+    for name, (lo, hi), h, v, se in zip(names, boxes, held, free, stderr):
+        if lo <= v <= hi:
             continue
-        out.append(f"{name} is refined to {v:.4g} (standard error {se:.3g}), outside its prior ({spec[0]:g}, "
-                   f"{spec[1]:g}): step 3 leaves unknown initial values free and the data fit better there, while "
-                   f"step 4 keeps to the prior; widen the prior if such values are plausible")
+        out.append(f"{name} is held at {h:.4g} by its prior ({lo:g}, {hi:g}): the data fit better outside it, at "
+                   f"{v:.4g} (standard error {se:.3g}; the negative log likelihood lower by {gain:.3g}); widen the "
+                   f"prior if such values are plausible")
     return tuple(out)
 
 

