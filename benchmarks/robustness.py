@@ -32,6 +32,7 @@ Commands (run from the repository root; the fits use whatever ``pgpgm`` is impor
     python benchmarks/robustness.py baseline --preface FILE     # the misses, for the notes
     python benchmarks/robustness.py sidebyside --where seed=0   # fits vs the multi-start, one process
     python benchmarks/robustness.py competing [--seeds 3]       # other optima as good, shipped models
+    python benchmarks/robustness.py posterior --where kernel=rbf --design-seed 2029   # step 4 too, per fit
 
 ``sidebyside`` (the speed target against the multi-start, measured side by side): each problem's
 selected fits, each followed in the same process by its share of a systematic sample (``--sample``,
@@ -61,6 +62,11 @@ Held-out grids: ``--design-seed 2027`` (2028, 2029) draws the same factors anew 
     python benchmarks/robustness.py reference --cheap-first --design-seed 2027 &
     python benchmarks/robustness.py fits --follow --where seed=0 --design-seed 2027 &
     python benchmarks/robustness.py report --design-seed 2027
+
+``posterior`` (step 4 beyond the runaway cases of ``runaways.py``): the selected fits as default calls with
+step 4 (``posterior`` left at its default): wall time, step 4's seconds, rounds and what ran out of its
+budget, the convergence checks' findings, every warning, and the largest distance of a parameter's
+posterior median from step 3's refined value in posterior sds (``results/robustness_posterior.jsonl``).
 
 Selection: ``--only`` fit or problem ids, ``--where factor=level`` (e.g. ``--where system=seir
 --where box=x10``), ``--limit N`` (first N problems after filtering). Fits whose problem has no
@@ -243,8 +249,9 @@ def make_data(problem: ProblemSetting):
                                        seed=problem.data_seed, **noise)
 
 
-def reference_problem(problem: ProblemSetting) -> rr.MultiStartProblem:
-    """The likelihood problem that the reference multi-start solves."""
+def reference_problem(problem: ProblemSetting, algorithm: int = 3) -> rr.MultiStartProblem:
+    """The likelihood problem that the reference multi-start solves (``algorithm`` < 3: as the references
+    made before step 3 held unknown initial values inside their boxes, which left them free)."""
     s = BY_KEY[problem.system]
     system, data = make_data(problem)
     observed = observed_of(problem)
@@ -255,7 +262,7 @@ def reference_problem(problem: ProblemSetting) -> rr.MultiStartProblem:
     return rr.MultiStartProblem(system, data.time.values, data.y.values,
                                 tuple(system.states.index(o) for o in observed), np.asarray(data.attrs["x0"]),
                                 box, {system.states.index(k): v for k, v in unknown.items()},
-                                lognormal=problem.noise == "lognormal")
+                                lognormal=problem.noise == "lognormal", bounded_x0=algorithm >= 3)
 
 
 def data_hash(problem: ProblemSetting) -> str:
@@ -407,6 +414,7 @@ def cmd_reference(args) -> None:
             try:
                 (claims / p.id).open("x").close()
             except FileExistsError:
+                print(f"{p.id}: claimed by another reference run ({claims / p.id}; remove it to run it here)")
                 continue
         if p.id in main and main[p.id]["data_hash"] == data_hash(p):  # a test's reference: the grid's row
             append(out, main[p.id])
@@ -414,7 +422,7 @@ def cmd_reference(args) -> None:
             continue
         t0 = time.perf_counter()
         ref = rr.multistart(reference_problem(p), n_starts=args.starts, seed=p.data_seed)
-        row = {"problem": p.id, "settings": asdict(p), "data_hash": data_hash(p), "algorithm": 2, **ref.as_dict(),
+        row = {"problem": p.id, "settings": asdict(p), "data_hash": data_hash(p), "algorithm": 3, **ref.as_dict(),
                "wall": time.perf_counter() - t0}
         append(out, row)
         print(f"{p.id}: nll {ref.nll:.8g}, {ref.n_reached}/{ref.n_starts} starts reached it, "
@@ -498,6 +506,55 @@ def cmd_report(args) -> None:
     rows = [r | judge(r, refs[r["problem"]]) for r in rows if r["problem"] in refs]
     Path(args.report).write_text(report(rows, refs))
     print(Path(args.report).read_text())
+
+
+def run_posterior_fit(fit: FitSetting) -> dict:
+    """One default fit *with* step 4 (the fit's settings, ``posterior`` left at its default): its wall time,
+    step 4's seconds, rounds and budget, the convergence checks' findings and every warning's category and
+    text, and how far step 4's posterior median lies from step 3's refined point (in posterior sds)."""
+    system, data = make_data(fit.problem)
+    kw = {k: v for k, v in fit_kwargs(fit).items() if k != "posterior"}
+    t0 = time.perf_counter()
+    error, caught = "", []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = pgpgm.fit(system, data, observed_of(fit.problem), **kw)
+        except Exception as err:  # recorded: a default fit that raises is a finding
+            result, error = None, f"{type(err).__name__}: {err}"
+    row = {"id": fit.id, "problem": fit.problem.id, **fit.factors(), "wall": time.perf_counter() - t0,
+           "error": error, "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:300]}" for w in caught})}
+    if result is None:
+        return row
+    t, tree = result.timings, result.posterior
+    post = tree.posterior
+    free = [p for p in system.parameters if p in post and p not in result.fixed]
+    refined = result.estimates["theta"].sel(estimate="refined").values
+    z = [abs(float(post[p].median()) - refined[system.parameters.index(p)]) / max(float(post[p].std()), 1e-300)
+         for p in free]
+    budget = json.loads(tree.attrs.get("pgpgm_budget", "{}"))
+    row.update(nll=float(result.nll), steps13=float(t["gp"] + t["sampling"] + t["refinement"]),
+               step4=float(t.get("posterior", np.nan)), rounds=int(tree.attrs.get("pgpgm_rounds", 0)),
+               draws=int(post.sizes.get("draw", 0)), chains=int(post.sizes.get("chain", 0)),
+               exhausted=budget.get("exhausted", ""), problems=result.convergence_problems(),
+               median_from_refined_sd=max(z, default=float("nan")))
+    return row
+
+
+def cmd_posterior(args) -> None:
+    """Step 4 on the selected fits (one kernel each by default: ``--where kernel=rbf``): does the default
+    fit finish, converged or with its warning, and where? Rows to ``--posterior-out`` (resumable)."""
+    out = Path(args.posterior_out)
+    done = {r["id"] for r in read_jsonl(out)}
+    for f in select_fits(args, select(args)):
+        if f.id in done:
+            continue
+        row = run_posterior_fit(f)
+        append(out, row)
+        found = "; ".join(p for v in row.get("problems", {}).values() for p in v)
+        print(f"{f.id}: {row['wall']:.0f} s (step 4 {row.get('step4', float('nan')):.0f} s, "
+              f"{row.get('rounds', 0)} rounds, {row.get('exhausted', '') or 'budget left'}) "
+              f"{found[:120] or 'converged'} {row['error'][:80]}", flush=True)
 
 
 def cmd_baseline(args) -> None:
@@ -670,7 +727,7 @@ def same_data(p: ProblemSetting, ref: dict) -> bool:
     merges of 2026-11-26, by ~1e-11 in the NLL)."""
     if data_hash(p) == ref["data_hash"]:
         return True
-    nll = reference_problem(p).nll(np.array(ref["q"]))
+    nll = reference_problem(p, ref.get("algorithm", 1)).nll(np.array(ref["q"]))
     return bool(abs(nll - ref["nll"]) <= 1e-9 * rr.scale_of(ref["nll"], ref["n_obs"]))
 
 
@@ -680,7 +737,7 @@ def side_by_side_problem(p: ProblemSetting, ref: dict, fits: list[FitSetting], n
     of ``n_starts`` of the reference multi-start's own starts, rerun and timed."""
     if not same_data(p, ref):
         raise RuntimeError(f"{p.id}: the data differ from those of the reference")
-    mp = reference_problem(p)
+    mp = reference_problem(p, ref.get("algorithm", 1))  # its starts rerun as that run made them
     jac = rr.jacobian_kind(mp)
     points = rr.start_points(mp, ref["n_starts"], p.data_seed)
     stored = np.array(ref["nll_starts"], float)
@@ -869,7 +926,9 @@ def report(rows: list[dict], refs: dict[str, dict]) -> str:
               "time per start) against the fits' median steps 1-3 time on the same problem. Rows marked v1 "
               "come from the first version of the multi-start (each noise-sd round its own budget of 100 "
               "evaluations, far starts alternated to the end, sensitivities for every system): same likelihood "
-              "and starts, more time per start on several observed states.", "",
+              "and starts, more time per start on several observed states. Rows marked v3 hold the unknown initial "
+              "values inside their prior boxes, as the fit's refined point (the others left them free: kept only "
+              "where their optimum lies inside the boxes, where it is the same).", "",
               "| problem | best NLL | reached | starts for 95 % | ms/start | cost 95 % s | fits' median s |",
               "|---|---|---|---|---|---|---|"]
     ratios = []
@@ -879,7 +938,7 @@ def report(rows: list[dict], refs: dict[str, dict]) -> str:
         if t and ref["starts_95"] > 0:
             ratios.append(np.median(t) / ref["cost_95"])
         c95 = f"{ref['cost_95']:.2f}" if ref["starts_95"] > 0 else "none reached (see misses: near)"
-        version = "" if ref.get("algorithm", 1) == 2 else " (v1)"
+        version = {1: " (v1)", 3: " (v3)"}.get(ref.get("algorithm", 1), "")
         lines.append(f"| {pid}{version} | {ref['nll']:.8g} | {ref['n_reached']}/{ref['n_starts']} | {ref['starts_95']} | "
                      f"{ref['time_per_start'] * 1e3:.0f} | {c95} | "
                      f"{np.median(t) if t else float('nan'):.2f} |")
@@ -932,7 +991,7 @@ def cmd_competing(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", default="one", choices=("design", "reference", "fits", "report", "one", "baseline",
-                                                                 "sidebyside", "competing"))
+                                                                 "sidebyside", "competing", "posterior"))
     parser.add_argument("--only", nargs="*", help="fit or problem ids")
     parser.add_argument("--where", action="append", help="factor=level, e.g. system=seir (repeatable)")
     parser.add_argument("--limit", type=int, help="first N problems after filtering")
@@ -954,6 +1013,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                         help="sidebyside: do not time the stop rule and the least squares inside the fits")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="sidebyside: no untimed first fit")
+    parser.add_argument("--posterior-out", default=str(RESULTS / "robustness_posterior.jsonl"),
+                        help="posterior: rows (JSON lines, resumable)")
     parser.add_argument("--seeds", type=int, default=3, help="competing: data seeds per case and box")
     parser.add_argument("--design-seed", type=int, default=DESIGN_SEED,
                         help=f"the design's seed; another than {DESIGN_SEED} draws a held-out grid (ids d<seed>-..., "
@@ -967,7 +1028,7 @@ def main(argv=None) -> None:
                 setattr(args, name, str(RESULTS / path))
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
      "one": cmd_one, "baseline": cmd_baseline, "sidebyside": cmd_sidebyside,
-     "competing": cmd_competing}[args.command](args)
+     "competing": cmd_competing, "posterior": cmd_posterior}[args.command](args)
 
 
 if __name__ == "__main__":

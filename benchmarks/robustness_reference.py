@@ -4,8 +4,9 @@ The likelihood is the one that :func:`pgpgm.fit`'s refinement maximises (step 3)
 from its definition, without pgpgm.refine: observations y[n, k] of the states ``observed``
 with independent Gaussian errors of unknown sd_k per observed state (on log y for lognormal
 noise); the unknowns are theta (inside the prior box), the observed states' initial values
-(free, as ``refine_x0=True``) and the unknown latent initial values (free, unbounded, as in the
-refinement). The noise sds are profiled out: sd_k^2 = RSS_k / N_k, so
+(free, as ``refine_x0=True``) and the unknown latent initial values (inside their prior boxes, as the
+fit's refined point since step 3 holds them there; ``bounded_x0=False``, the references of algorithm
+1 and 2, left them free: only those whose optimum lies inside the boxes are kept). The noise sds are profiled out: sd_k^2 = RSS_k / N_k, so
 
     NLL = sum_k [N_k / 2 log(RSS_k / N_k) + N_k / 2] + N / 2 log(2 pi)  (+ sum log y, lognormal),
 
@@ -80,8 +81,10 @@ class MultiStartProblem:
     observed : (M,) state indices of y's columns
     x0 : (S,) initial state; entries of observed states and of ``unknown`` are starting values only
     box : (P, 2) prior box of theta
-    unknown : {state index: (lo, hi)} latent states with unknown initial values (box: starts only)
+    unknown : {state index: (lo, hi)} latent states with unknown initial values and their prior boxes
     lognormal : whether the noise is lognormal (every observed state; residuals on log y)
+    bounded_x0 : whether the unknown initial values are held inside their boxes (else the boxes are
+        where their starts are drawn only)
     """
 
     system: object
@@ -92,6 +95,7 @@ class MultiStartProblem:
     box: np.ndarray
     unknown: dict = field(default_factory=dict)
     lognormal: bool = False
+    bounded_x0: bool = True
 
     def __post_init__(self):
         system = self.system
@@ -219,9 +223,13 @@ def solve_from(problem: MultiStartProblem, q0, method: str, *, max_nfev: int = 1
     P, Q = problem.n_theta, len(q0)
     lo, hi = np.full(Q, -np.inf), np.full(Q, np.inf)
     lo[:P], hi[:P] = problem.box[:, 0], problem.box[:, 1]
+    if problem.bounded_x0:
+        first = P + len(problem.observed)  # the unknown initial values follow the observed states'
+        for j, state in enumerate(sorted(problem.unknown)):
+            lo[first + j], hi[first + j] = problem.unknown[state]
     q = np.array(q0, float)
-    b = problem.box
-    q[:P] = np.clip(q[:P], b[:, 0] + 1e-10 * np.abs(b[:, 0]), b[:, 1] - 1e-10 * np.abs(b[:, 1]))
+    margin = 1e-10 * np.abs(np.where(np.isfinite(lo), lo, 0.0)), 1e-10 * np.abs(np.where(np.isfinite(hi), hi, 0.0))
+    q = np.clip(q, lo + margin[0], hi - margin[1])
     tol = dict(ftol=1e-12, xtol=1e-12, gtol=1e-12) if tight else {}
     n = problem.n_obs
     M = len(problem.observed)
