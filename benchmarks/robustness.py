@@ -551,10 +551,39 @@ def cmd_posterior(args) -> None:
             continue
         row = run_posterior_fit(f)
         append(out, row)
-        found = "; ".join(p for v in row.get("problems", {}).values() for p in v)
+        found = "; ".join(row.get("problems", {}).get("posterior", []))
         print(f"{f.id}: {row['wall']:.0f} s (step 4 {row.get('step4', float('nan')):.0f} s, "
               f"{row.get('rounds', 0)} rounds, {row.get('exhausted', '') or 'budget left'}) "
               f"{found[:120] or 'converged'} {row['error'][:80]}", flush=True)
+    rows = read_jsonl(out)
+    out.with_suffix(".md").write_text(posterior_report(rows))
+    print(out.with_suffix(".md").read_text())
+
+
+def posterior_report(rows: list[dict]) -> str:
+    """The ``posterior`` rows as Markdown: how many fits finished converged, with a warning, or raised;
+    their wall times; per fit its step 4, what ran out, the findings and the warnings' categories."""
+    ok = [r for r in rows if not r["error"]]
+    converged = [r for r in ok if not r["problems"].get("posterior")]
+    warned = [r for r in ok if any(w.startswith("ConvergenceWarning") for w in r["warnings"])]
+    silent = [r for r in ok if r["problems"].get("posterior") and r not in warned]
+    walls = np.array([r["wall"] for r in rows])
+    lines = ["# Step 4 on the robustness grid's fits: default calls with the exact posterior", "",
+             f"{len(rows)} fits ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+             "`python benchmarks/robustness.py posterior`): "
+             f"**{len(converged)} converged** (R-hat <= 1.01, ESS >= 400, no divergences), {len(warned)} with a "
+             f"ConvergenceWarning naming what failed, {len(silent)} unconverged without one, "
+             f"{len(rows) - len(ok)} raised. Wall time of the whole fit: median {np.median(walls):.0f} s, "
+             f"max {walls.max():.0f} s (step 4's default budget: 60 s).", "",
+             "| fit | wall s | step 4 s | rounds | ran out | posterior's findings | warnings | median - refined (sd) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kinds = sorted({w.split(":")[0] for w in r["warnings"]})
+        found = "; ".join(r.get("problems", {}).get("posterior", []))
+        lines.append(f"| {r['id']} | {r['wall']:.0f} | {r.get('step4', float('nan')):.0f} | {r.get('rounds', '')} | "
+                     f"{r.get('exhausted', '') or '-'} | {(found or 'converged')[:160]} | {', '.join(kinds)} "
+                     f"{r['error'][:80]} | {r.get('median_from_refined_sd', float('nan')):.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_baseline(args) -> None:

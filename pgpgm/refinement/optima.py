@@ -132,7 +132,7 @@ def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, bounds: 
     Step 3 leaves the free initial values unbounded (the data may say they lie outside the user's box,
     which the fit then reports), while steps 2 and 4 keep to their priors; the refined point, step 4's
     start, is this one (the held-out grid's d2029-pt-020: R(0) refined to 218 with the prior (0, 3);
-    d2030-pk-022: an initial amount of -5.8)."""
+    d2027-seir-034: E(0) to -0.0014 with (0, 0.02))."""
     names = best.q_names
     if not outside_boxes(best.q, names, boxes):
         return None
