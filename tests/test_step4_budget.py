@@ -384,11 +384,14 @@ def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):
 def test_chains_in_waves_share_the_budget():
     """A gradient budget that binds, four chains on two processes: each wave of two chains gets half of
     it, so every chain is drawn, all at one length (PyMC's own scheduling of four chains on two
-    processes starts chains 2 and 3 only when 0 and 1 end, which this budget stops first)."""
+    processes starts chains 2 and 3 only when 0 and 1 end, which this budget stops first). PyMC's sampler:
+    the default engine for this model is nutpie, whose chains are threads of one run (no waves; its budget is
+    read every POLL seconds, 16000 gradients of this fast model may pass between two reads)."""
     model, layout, center, sd = _decay_model()
     with pytest.warns(ConvergenceWarning, match="gradient evaluations ran out"):
         tree = sample_posterior(model, center, sd, draws=4000, tune=100, chains=4, cores=2, seed=1,
-                                progressbar=False, budget=PosteriorBudget(None, 16000), max_rounds=1)
+                                progressbar=False, budget=PosteriorBudget(None, 16000), max_rounds=1,
+                                nuts_sampler="pymc")
     assert tree.posterior.sizes["chain"] == 4 and 100 < tree.posterior.sizes["draw"] < 4000
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "gradient evaluations" and spent["dropped_chains"] == 0

@@ -896,8 +896,8 @@ class BudgetMeter:
             return False
         s, g = self.budget.seconds, self.budget.gradient_evaluations
         now = self.elapsed()
-        # the waves' late starts are not counted (as by the cap), the last wave's overrun is (else a lagging
-        # chain in the last wave was waited for up to 1.5 times the budget: 24586 of 16000)
+        # the waves' late starts are not counted (as by their caps); the last wave's overrun is (counting it
+        # out, a chain lagging in the last wave could be waited for up to 1.5 times the budget)
         counted = self.gradients - self.late - self._lag()
         if (s is not None and now >= 1.5 * s) or (g is not None and counted >= 1.25 * g):
             return False
