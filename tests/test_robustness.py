@@ -43,6 +43,7 @@ CI_FITS = [
     "d2027-seir-016-matern52-s0",  # SEIR, lognormal: a chain left the optimum for a mode 1.16 nats worse
     # the second held-out grid (design seed 2028):
     "d2028-mm-026-matern52-s0",    # Michaelis-Menten, 20 % noise: a loose ridge; the optimum at km1 = 0
+    "d2027-seir-034-rbf-s0",       # SEIR, E(0) unknown: the data put it at -0.0014, its prior box is (0, 0.02)
 ]
 #: Fits that missed the global optimum before the stop rule judged the optimum's fit and searched
 #: the prior box (issue 29): fhn-issue-rbf-s0 (both chains stopped at 150 iterations in the mode
@@ -83,6 +84,10 @@ def test_default_fit_reaches_the_global_optimum(fit_id):
     assert verdict in ("optimum", "better"), (
         f"{fit_id}: refined NLL {row['nll']:.8g} vs global optimum {ref['nll']:.8g}; refined theta "
         f"{np.round(row['theta'], 4).tolist()} vs {np.round(ref['theta'], 4).tolist()}")
+    s = rb.BY_KEY[fit.problem.system]
+    if fit.problem.x0 == "unknown":  # inside its prior box, as the references (v3) hold it
+        x0 = row["x0_refined"][pgpgm.load_model(s.model).system.states.index(s.unknown)]
+        assert s.unknown_box[0] <= x0 <= s.unknown_box[1], f"{fit_id}: {s.unknown}(0) = {x0} outside {s.unknown_box}"
 
 
 @pytest.mark.parametrize("fit_id", ["fhn-issue-rbf-s0", "mm-035-sigmoid-s0", "rm-015-sigmoid-s2"])
