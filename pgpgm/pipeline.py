@@ -1064,11 +1064,13 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
     best with two parameters exchanged). The free initial values are refined unbounded; where the best
     has some outside its box in ``x0_boxes`` (q name ``"x0[<state>]"`` -> its Uniform prior's (lower,
     upper)), it is refined once more held to those boxes
-    (:func:`~pgpgm.refinement.optima.refine_inside_boxes`), and the best is the best of the refinements
-    inside them (the report names what the data said outside). Raises :class:`ODESolveError` when every
+    (:func:`~pgpgm.refinement.optima.refine_inside_boxes`: from its point and every given start, each moved
+    into the boxes), and the best is the best of the refinements inside them (the report names what the data
+    said outside). Raises :class:`ODESolveError` when every
     start failed; warns when the data do not determine some parameters at the best."""
     refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
                         for q in starts.values())
+    first = tuple(starts)  # the given starts (the loose parameters' and the boxes' come after)
     usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
@@ -1079,10 +1081,12 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         refinements += tuple(r for _, r in loose.values())
         k = min((j for j, r in enumerate(refinements) if np.isfinite(r.nll)), key=lambda j: refinements[j].nll)
     boxes = x0_boxes or {}
-    inside = refine_inside_boxes(problem, refinements[k], bounds, boxes, estimate_noise)
-    if inside is not None:  # the best held to the initial values' boxes: the best of those inside them
-        starts = {**starts, INSIDE_BOXES: inside[0]}
-        refinements += (inside[1],)
+    points = {INSIDE_BOXES: refinements[k].q, **{f"{name}, inside the initial values' prior boxes": q
+                                                   for name, q in starts.items() if name in first}}
+    inside = refine_inside_boxes(problem, refinements[k], points, bounds, boxes, estimate_noise)
+    if inside:  # the best and the starts held to the initial values' boxes: the best of those inside them
+        starts = {**starts, **{name: q for name, (q, _) in inside.items()}}
+        refinements += tuple(r for _, r in inside.values())
         kept = [j for j, r in enumerate(refinements) if np.isfinite(r.nll) and not outside_boxes(r.q, r.q_names, boxes)]
         k = min(kept, key=lambda j: refinements[j].nll) if kept else k
     best = refinements[k]
@@ -1197,9 +1201,11 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
                      else refined.x0_priors)
         boxed = [st for st, spec in x0_priors.items() if not callable(spec)]
         index = [system.states.index(st) for st in boxed]
+        held = [r for r, name in zip(refined.refinements, refined.starts) if name == INSIDE_BOXES]
         outside = outside_prior_boxes([initial_value_name(st) for st in boxed], [x0_priors[st] for st in boxed],
                                       best.x0[index], free.x0[index],
-                                      [free.q_stderr.get(f"x0[{st}]", np.nan) for st in boxed], best.nll - free.nll)
+                                      [free.q_stderr.get(f"x0[{st}]", np.nan) for st in boxed], best.nll - free.nll,
+                                      failed="" if best is not free else held[0].message if held else "")
         if outside:
             warnings.warn("; ".join(outside), BoundWarning, stacklevel=4)
     if refined.competing:  # another optimum as good: a symmetry, or a mode the estimates do not describe

@@ -539,3 +539,17 @@ def test_an_unknown_initial_value_is_held_inside_its_prior_and_what_the_data_sai
         pgpgm.fit(fhn.system, data, ["R"], x0={"V": (-2.0, 2.0)}, priors=priors, posterior=None,
                   progressbar=False)
     assert not [w for w in inside if "held at" in str(w.message)]
+
+
+def test_an_initial_value_that_no_refinement_holds_inside_its_box_is_named_as_outside():
+    from pgpgm.refinement.bounds import outside_prior_boxes
+
+    held = outside_prior_boxes(["E_0"], [(0.0, 0.02)], [0.02], [0.046], [0.049], 0.145)
+    assert held == ("E_0 is held at 0.02 by its prior (0, 0.02): the data fit better outside it, at 0.046 (standard "
+                    "error 0.049; the negative log likelihood lower by 0.145); widen the prior if such values are "
+                    "plausible",)
+    (failed,) = outside_prior_boxes(["E_0"], [(0.0, 0.02)], [0.046], [0.046], [0.049], 0.0, failed="the ODE solve "
+                                    "failed at the start")
+    assert failed.startswith("E_0 is refined to 0.046 (standard error 0.049), outside its prior (0, 0.02): no "
+                             "refinement held inside it succeeded (the ODE solve failed at the start)")
+    assert outside_prior_boxes(["E_0"], [(0.0, 0.02)], [0.01], [0.01], [0.001], 0.0) == ()

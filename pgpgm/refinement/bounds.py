@@ -145,16 +145,23 @@ def bound_report(priors: Priors, refined: Sequence[float], draws: Mapping[str, n
 
 
 def outside_prior_boxes(names: Sequence[str], boxes: Sequence[tuple[float, float]], held: Sequence[float],
-                        free: Sequence[float], stderr: Sequence[float], gain: float) -> tuple[str, ...]:
+                        free: Sequence[float], stderr: Sequence[float], gain: float, failed: str = ""
+                        ) -> tuple[str, ...]:
     """One sentence per unknown initial value the data put outside its Uniform prior's box: ``names`` (K,),
     their ``boxes`` (K,) (lower, upper), the values ``held`` (K,) inside them (step 3's refined point) and
     ``free`` (K,) with ``stderr`` (K,) where the initial values are left unbounded, whose negative log
     likelihood is ``gain`` nats lower. Step 3 refines the initial values unbounded first, then, where they
     leave their boxes, held to them (FitzHugh-Nagumo, R observed, ``x0={"V": (-0.3, 0.3)}``: V(0) refined to
-    -0.91 +- 0.05 unbounded, -0.3 held; before, the unbounded value was returned)."""
+    -0.91 +- 0.05 unbounded, -0.3 held; before, the unbounded value was returned). ``failed``: why no
+    refinement inside the boxes succeeded (then ``held`` is ``free``, outside them)."""
     out = []
     for name, (lo, hi), h, v, se in zip(names, boxes, held, free, stderr):
         if lo <= v <= hi:
+            continue
+        if failed:
+            out.append(f"{name} is refined to {v:.4g} (standard error {se:.3g}), outside its prior ({lo:g}, {hi:g}): "
+                       f"no refinement held inside it succeeded ({failed}); widen the prior, or start elsewhere "
+                       f"(init=)")
             continue
         out.append(f"{name} is held at {h:.4g} by its prior ({lo:g}, {hi:g}): the data fit better outside it, at "
                    f"{v:.4g} (standard error {se:.3g}; the negative log likelihood lower by {gain:.3g}); widen the "

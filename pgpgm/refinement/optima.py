@@ -121,21 +121,25 @@ def outside_boxes(q: np.ndarray, names: Sequence[str], boxes: Mapping[str, tuple
     return tuple(n for n, v in zip(names, q) if n in boxes and not boxes[n][0] <= v <= boxes[n][1])
 
 
-def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, bounds: np.ndarray | None,
-                        boxes: Mapping[str, tuple[float, float]], estimate_noise
-                        ) -> tuple[np.ndarray, Refinement] | None:
-    """``best`` held to the boxes of its free initial values: where some unknown named in ``boxes`` (a q name,
-    e.g. ``"x0[R]"`` -> the (lower, upper) of its Uniform prior) lies outside its box at ``best``, the
-    refinement from ``best``'s point moved into the boxes, within ``bounds`` ((P, 2) of theta, or None) and
-    those boxes: (its start (Q,), the refinement); None when every one is inside.
+def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, points: Mapping[str, np.ndarray],
+                        bounds: np.ndarray | None, boxes: Mapping[str, tuple[float, float]], estimate_noise
+                        ) -> dict[str, tuple[np.ndarray, Refinement]]:
+    """Refinements held to the boxes of the free initial values, where ``best`` has some outside them: where
+    an unknown named in ``boxes`` (a q name, e.g. ``"x0[R]"`` -> the (lower, upper) of its Uniform prior) lies
+    outside its box at ``best``, each of ``points`` (name -> (Q,): ``best``'s point first, then other starts)
+    moved into the boxes and refined within ``bounds`` ((P, 2) of theta, or None) and those boxes. name ->
+    (its start (Q,), the refinement); empty when every one is inside at ``best``.
 
     Step 3 leaves the free initial values unbounded (the data may say they lie outside the user's box,
     which the fit then reports), while steps 2 and 4 keep to their priors; the refined point, step 4's
-    start, is this one (the held-out grid's d2029-pt-020: R(0) refined to 218 with the prior (0, 3);
-    d2027-seir-034: E(0) to -0.0014 with (0, 0.02))."""
+    start, is the best of these (the held-out grid's d2029-pt-020: R(0) refined to 218 with the prior
+    (0, 3); d2027-seir-034: E(0) to -0.0014 with (0, 0.02)). ``best``'s point alone is not enough: moved
+    into the box it may be where the ODE cannot be solved (d2031-seir-034: E(0) 0.046 -> 0.02 with I(0)
+    -0.018), a point then tried again with the other free initial values at the problem's starting values
+    (``problem.q0``: the observed states' from the data), or in another basin."""
     names = best.q_names
     if not outside_boxes(best.q, names, boxes):
-        return None
+        return {}
     Q, P = len(names), best.theta.size
     held = np.tile([-np.inf, np.inf], (Q, 1))
     if bounds is not None:
@@ -143,8 +147,22 @@ def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, bounds: 
     for j, n in enumerate(names):
         if n in boxes:
             held[j] = boxes[n]
-    q = np.clip(np.asarray(best.q, float), held[:, 0], held[:, 1])
-    return q, refine(problem, q, held, estimate_noise=estimate_noise, warn=False)
+    others = np.array([n not in boxes for n in names[P:]])  # the free initial values without a box
+    out, seen = {}, []
+    for name, point in points.items():
+        q = np.clip(np.asarray(point, float), held[:, 0], held[:, 1])
+        if any(np.array_equal(q, other) for other in seen):
+            continue  # a start that is the best's point (the stop rule's best optimum)
+        seen.append(q)
+        r = refine(problem, q, held, estimate_noise=estimate_noise, warn=False)
+        if not np.isfinite(r.nll) and others.any():  # unsolvable there: the other initial values at their starts
+            q2 = q.copy()
+            q2[P:][others] = np.asarray(problem.q0, float)[others]
+            r2 = refine(problem, q2, held, estimate_noise=estimate_noise, warn=False)
+            if np.isfinite(r2.nll):
+                q, r = q2, r2
+        out[name] = (q, r)
+    return out
 
 
 def on_bounds(theta: np.ndarray, bounds: np.ndarray | None, names: Sequence[str], rtol: float = ACTIVE_RTOL
