@@ -854,6 +854,12 @@ BOX_STARTS = 20
 INSIDE_BOXES = "the best held inside the initial values' prior boxes"
 
 
+def _unknown_x0_priors(refined: Refined, density: GradientMatchingDensity | None) -> dict[str, PriorSpec]:
+    """The unknown initial values' priors by state: step 3's own (``refined.x0_priors``: with observables)
+    or step 2's ``density``'s (None where steps 1-2 did not run, and then ``refined.x0_priors`` is set)."""
+    return dict(zip(refined.unknown, density.x0_priors.specs)) if refined.x0_priors is None else refined.x0_priors
+
+
 def _x0_boxes(unknown: Sequence[str], specs: Sequence[PriorSpec]) -> dict[str, tuple[float, float]]:
     """Step 3's q name ``"x0[<state>]"`` -> the (lower, upper) of each unknown initial value's Uniform prior
     (``unknown`` (U,) states, ``specs`` (U,) their priors; other priors have no box)."""
@@ -1070,7 +1076,7 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
     start failed; warns when the data do not determine some parameters at the best."""
     refinements = tuple(refine(problem, q, bounds, estimate_noise=estimate_noise, warn=False)
                         for q in starts.values())
-    first = tuple(starts)  # the given starts (the loose parameters' and the boxes' come after)
+    given = starts  # the loose parameters' and the boxes' starts come after these
     usable = [k for k, r in enumerate(refinements) if np.isfinite(r.nll)]
     if not usable:
         raise ODESolveError("every refinement start failed: " + "; ".join(r.message for r in refinements))
@@ -1081,19 +1087,19 @@ def _refine_from(problem: LeastSquaresProblem, starts: dict[str, np.ndarray], bo
         refinements += tuple(r for _, r in loose.values())
         k = min((j for j, r in enumerate(refinements) if np.isfinite(r.nll)), key=lambda j: refinements[j].nll)
     boxes = x0_boxes or {}
-    points = {INSIDE_BOXES: refinements[k].q, **{f"{name}, inside the initial values' prior boxes": q
-                                                   for name, q in starts.items() if name in first}}
+    points = {INSIDE_BOXES: refinements[k].q,
+              **{f"{name}, inside the initial values' prior boxes": q for name, q in given.items()}}
     inside = refine_inside_boxes(problem, refinements[k], points, bounds, boxes, estimate_noise)
-    if inside:  # the best and the starts held to the initial values' boxes: the best of those inside them
+    if inside:  # the best and the starts held to the initial values' boxes
         starts = {**starts, **{name: q for name, (q, _) in inside.items()}}
         refinements += tuple(r for _, r in inside.values())
-        kept = [j for j, r in enumerate(refinements) if np.isfinite(r.nll) and not outside_boxes(r.q, r.q_names, boxes)]
-        k = min(kept, key=lambda j: refinements[j].nll) if kept else k
+    within = [j for j, r in enumerate(refinements) if not outside_boxes(r.q, r.q_names, boxes)]
+    if inside:  # the best of those inside them (where none succeeded, the best outside stays)
+        k = min((j for j in within if np.isfinite(refinements[j].nll)), key=lambda j: refinements[j].nll, default=k)
     best = refinements[k]
     names = best.q_names[:best.theta.size]
-    labels = [n for n, r in zip(starts, refinements) if not outside_boxes(r.q, r.q_names, boxes)]
-    competing = competing_optima(problem, best, [r for r in refinements if not outside_boxes(r.q, r.q_names, boxes)],
-                                 others or {}, bounds, names, estimate_noise=estimate_noise, labels=labels)
+    competing = competing_optima(problem, best, [refinements[j] for j in within], others or {}, bounds, names,
+                                 estimate_noise=estimate_noise, labels=[list(starts)[j] for j in within])
     if refinements[k].undetermined:
         names = refinements[k].undetermined
         what = "its standard error is" if len(names) == 1 else "their standard errors are"
@@ -1110,8 +1116,7 @@ def posterior_step(prepared: Prepared, matched: Matched, refined: Refined, optio
     density = matched.density if matched is not None else None  # None: no steps 1-2 (refine_from_box)
     spec = options.posterior
     prior = density.priors if refined.priors is None else refined.priors  # with observables: phi's too
-    x0_priors = (dict(zip(refined.unknown, density.x0_priors.specs)) if refined.x0_priors is None
-                 else refined.x0_priors)
+    x0_priors = _unknown_x0_priors(refined, density)
     t = obs.times
     solver = refined.problem.integrator.solver  # step 3's (matched.integrator's)
     dense = Integrator(system, np.linspace(t[0], t[-1], _DENSE), solver)
@@ -1197,8 +1202,7 @@ def report(prepared: Prepared, matched: Matched, refined: Refined, post: Posteri
     if INSIDE_BOXES in refined.starts:  # unknown initial values the data put outside their boxes: held there
         best = refined.best
         free = min((r for r in refined.refinements if np.isfinite(r.nll)), key=lambda r: r.nll)
-        x0_priors = (dict(zip(refined.unknown, matched.density.x0_priors.specs)) if refined.x0_priors is None
-                     else refined.x0_priors)
+        x0_priors = _unknown_x0_priors(refined, matched.density if matched is not None else None)
         boxed = [st for st, spec in x0_priors.items() if not callable(spec)]
         index = [system.states.index(st) for st in boxed]
         held = [r for r, name in zip(refined.refinements, refined.starts) if name == INSIDE_BOXES]
