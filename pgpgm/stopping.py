@@ -48,6 +48,16 @@ whose best competes with theirs. A held optimum stops the chains once that box s
 refined ``box_release`` (20) points without finding a better one - chains and multi-start
 agree that the box holds nothing better (an optimum that really lies on a bound; a model
 that fits less well than a GP can, as on real data) - or else at the whole budget.
+
+Chains that would stop apart (the best settled for ``patience`` checks while their means refine
+to different optima) are evidence of several modes, not of the data's one: before they stop,
+least squares runs from the ``screen_starts`` (8) next of ``screen_points`` (256) box points ranked
+by the gradient-matching density itself (at the GPs' means: one latent solve per point). A better
+optimum found there resets the settling count and the chains go on; otherwise they stop. The
+density is the method's cheap proxy of the likelihood: on the held-out grid's d2031-goodwin-003
+(Goodwin, 20 points, 20 % noise, box 10 x truth), whose optimum 1 of 500 random least-squares
+starts reaches, the first or second ranked point reaches it (4 kernel x seed pairs), where the two
+chains stopped in modes 14 and 24 nats worse.
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
@@ -55,6 +65,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -63,6 +74,7 @@ from scipy.stats import qmc
 from .errors import DataError
 from .matching.density import GradientMatchingDensity
 from .matching.stop import Checkpoint, Decision
+from .matching.target import GradientMatchingTarget
 from .refinement.bounds import bound_report
 from .refinement.least_squares import SHORT_NFEV, LeastSquaresProblem, refine
 from .solve import Integrator
@@ -140,6 +152,12 @@ class RefinedAgreement:
         fits (3 kernels x 8 seeds) stop in the worse one, two starts 1 of 24; on 48 fits of 8 grid problems
         where the probe stops (3 kernels x 2 seeds, paired in one process) the same iterations at 1.03x the
         CPU, median)
+    screen_points : box points (a scrambled Sobol sequence of their own) ranked by the gradient-matching
+        log density with the observed states at the GPs' means (:attr:`screened_points`); 0, or priors
+        that are not all finite Uniform ones, switch the ranked search off
+    screen_starts : ranked points refined (best first, as the box search refines its points) each time the
+        chains would stop while their means refine to different optima; a better optimum among them
+        keeps the chains going. 0 switches it off
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
     earliest - follow the published cases: every chain's mean refined to the global optimum
@@ -173,6 +191,8 @@ class RefinedAgreement:
     probe_at: int | None = 50
     probe_starts: int = 4
     probe_agree: int = 2
+    screen_points: int = 256
+    screen_starts: int = 8
     name: ClassVar[str] = "agree"
 
     def __post_init__(self):
@@ -192,6 +212,9 @@ class RefinedAgreement:
                             f"({self.min_iterations - 1}), got {self.probe_at!r}")
         if not int(self.probe_starts) == self.probe_starts >= 0:
             raise DataError(f"probe_starts must be a whole number >= 0, got {self.probe_starts!r}")
+        if not all(int(v) == v >= 0 for v in (self.screen_points, self.screen_starts)):
+            raise DataError(f"screen_points and screen_starts must be whole numbers >= 0, got {self.screen_points!r}, "
+                            f"{self.screen_starts!r}")
         if not int(self.probe_agree) == self.probe_agree >= 1:
             raise DataError(f"probe_agree must be a whole number >= 1, got {self.probe_agree!r}")
         if self.fit_ratio is not None and not (np.isfinite(self.fit_ratio) and self.fit_ratio >= 1):
@@ -235,7 +258,7 @@ class RefinedAgreement:
             kept = self._kept(previous)
             previous = Decision(previous.iteration, False, "", box_nll=previous.box_nll, box_q=previous.box_q,
                                 box_starts=previous.box_starts, box_fit_ratio=previous.box_fit_ratio,
-                                kept_nll=kept[0], kept_q=kept[1], kept_fit_ratio=kept[2])
+                                kept_nll=kept[0], kept_q=kept[1], kept_fit_ratio=kept[2], screened=previous.screened)
             fresh = True
         else:
             fresh = previous is None
@@ -263,7 +286,110 @@ class RefinedAgreement:
             # the best fits poorly or lies on a bound: least squares from new points spread over the box too
             since = it - (0 if fresh else previous.refined_at)
             box = self._box_search(box, max(1, round(self.box_starts * since / self.check_every)))[0]
-        best_nll, best_q, ratio, poor = best_of()
+        screened, screen_note = (0 if previous is None else previous.screened), ""
+        best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
+            nll, chains_best, box, kept, best_of(), previous, fresh)
+        if settled >= need and not agree and self.screen_starts > 0 and screened < len(self.screened_points):
+            # the chains would stop apart: least squares first from the box points the density ranks highest
+            n = min(self.screen_starts, len(self.screened_points) - screened)
+            box = self._box_search(box, n, points=self.screened_points[screened:screened + n])[0]
+            screened += n
+            before = best_nll
+            best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
+                nll, chains_best, box, kept, best_of(), previous, fresh)
+            screen_note = (f"; least squares from the {screened} of {len(self.screened_points)} points spread over the "
+                           "prior box that the gradient-matching density ranks highest (at the GPs' means): "
+                           + (f"a better optimum ({best_nll:.6g} against {before:.6g}), so the chains go on"
+                              if settled < need else "none better"))
+        bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
+            f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
+            "the chains go on until it leaves the bound, the box search has refined "
+            f"{self.box_release} points or to the whole budget" if not searched else
+            f"it must hold for {need * self.check_every} iterations (the box search found no better optimum)")
+        if poor:
+            bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
+                           + (f"chains go on until it fits, the box search has refined {self.box_release} points "
+                              "or to the whole budget" if not searched else
+                              f"best must hold for {need * self.check_every} iterations (the box search found no "
+                              "better optimum)"))
+        if box[3]:
+            bound_note += (f"; least squares from {box[3]} points spread over the prior box: best negative log "
+                           f"likelihood {box[0]:.6g}")
+        bound_note += screen_note
+        chains_note = ("the chains' means refine to " + (
+            f"different optima ({_fmt(nll)})" if from_chains else f"{_fmt(nll)}, worse than the box search's"
+            if box[0] <= kept[0] else f"{_fmt(nll)}, worse than the optimum a chain reached at an earlier check"))
+        if settled >= need:
+            reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
+                      f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
+                      f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
+                      "iterations before" if agree else
+                      f"the best refined optimum (negative log likelihood {best_nll:.6g}) has not changed for "
+                      f"{settled * self.check_every} iterations; " + chains_note)
+        else:
+            reason = (f"the best refined negative log likelihood {best_nll:.6g} is "
+                      + ("the first" if fresh else "new" if settled == 0 else "unchanged")
+                      + f" ({'chains agree' if agree else chains_note})")
+        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
+                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held),
+                        float(box[0]), tuple(float(v) for v in box[1]), int(box[3]), tuple(float(v) for v in box[2]),
+                        *kept, screened)
+
+    def _assess(self, nll: tuple[float, ...], chains_best: tuple, box: tuple, kept: tuple, best: tuple,
+                previous: Decision | None, fresh: bool) -> tuple:
+        """The verdict's parts at one check: the best optimum ``best`` (nll, q, residual ratio, poor fits) of the
+        chains' (``chains_best``), the box search's (``box``) and the kept one (``kept``); whether the chains reach
+        it and agree; the settled checks and the checks needed; its prior bounds; whether the box search is done;
+        why the best holds the chains."""
+        P = self.density.system.n_parameters
+        best_nll, best_q, ratio, poor = best
+        from_chains = chains_best[0] <= min(box[0], kept[0]) + self.tol  # the chains reach the best (within tol)
+        agree = bool(np.isfinite(min(nll)) and max(nll) - min(nll) <= self.tol and from_chains)
+        # checks the best has stayed within tol of its current value (0: it dropped just now)
+        settled = 0 if fresh else (previous.settled + 1 if previous.best_nll - best_nll <= self.tol else 0)
+        need = 1 if agree else self.patience
+        bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
+            f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
+            "the chains go on until it leaves the bound, the box search has refined "
+            f"{self.box_release} points or to the whole budget" if not searched else
+            f"it must hold for {need * self.check_every} iterations (the box search found no better optimum)")
+        if poor:
+            bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
+                           + (f"chains go on until it fits, the box search has refined {self.box_release} points "
+                              "or to the whole budget" if not searched else
+                              f"best must hold for {need * self.check_every} iterations (the box search found no "
+                              "better optimum)"))
+        if box[3]:
+            bound_note += (f"; least squares from {box[3]} points spread over the prior box: best negative log "
+                           f"likelihood {box[0]:.6g}")
+        bound_note += screen_note
+        chains_note = ("the chains' means refine to " + (
+            f"different optima ({_fmt(nll)})" if from_chains else f"{_fmt(nll)}, worse than the box search's"
+            if box[0] <= kept[0] else f"{_fmt(nll)}, worse than the optimum a chain reached at an earlier check"))
+        if settled >= need:
+            reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
+                      f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
+                      f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
+                      "iterations before" if agree else
+                      f"the best refined optimum (negative log likelihood {best_nll:.6g}) has not changed for "
+                      f"{settled * self.check_every} iterations; " + chains_note)
+        else:
+            reason = (f"the best refined negative log likelihood {best_nll:.6g} is "
+                      + ("the first" if fresh else "new" if settled == 0 else "unchanged")
+                      + f" ({'chains agree' if agree else chains_note})")
+        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
+                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held),
+                        float(box[0]), tuple(float(v) for v in box[1]), int(box[3]), tuple(float(v) for v in box[2]),
+                        *kept, screened)
+
+    def _assess(self, nll: tuple[float, ...], chains_best: tuple, box: tuple, kept: tuple, best: tuple,
+                previous: Decision | None, fresh: bool) -> tuple:
+        """The verdict's parts at one check: the best optimum ``best`` (nll, q, residual ratio, poor fits) of the
+        chains' (``chains_best``), the box search's (``box``) and the kept one (``kept``); whether the chains reach
+        it and agree; the settled checks and the checks needed; its prior bounds; whether the box search is done;
+        why the best holds the chains."""
+        P = self.density.system.n_parameters
+        best_nll, best_q, ratio, poor = best
         from_chains = chains_best[0] <= min(box[0], kept[0]) + self.tol  # the chains reach the best (within tol)
         agree = bool(np.isfinite(min(nll)) and max(nll) - min(nll) <= self.tol and from_chains)
         # checks the best has stayed within tol of its current value (0: it dropped just now)
@@ -282,38 +408,7 @@ class RefinedAgreement:
             need = np.inf
             held.append(f"fits the data worse than the GPs (residual sd / noise sd: {', '.join(poor)}; at most "
                         f"{self.fit_ratio:g} stops early)")
-        bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
-            f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
-            "the chains go on until it leaves the bound, the box search has refined "
-            f"{self.box_release} points or to the whole budget" if not searched else
-            f"it must hold for {need * self.check_every} iterations (the box search found no better optimum)")
-        if poor:
-            bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
-                           + (f"chains go on until it fits, the box search has refined {self.box_release} points "
-                              "or to the whole budget" if not searched else
-                              f"best must hold for {need * self.check_every} iterations (the box search found no "
-                              "better optimum)"))
-        if box[3]:
-            bound_note += (f"; least squares from {box[3]} points spread over the prior box: best negative log "
-                           f"likelihood {box[0]:.6g}")
-        chains_note = ("the chains' means refine to " + (
-            f"different optima ({_fmt(nll)})" if from_chains else f"{_fmt(nll)}, worse than the box search's"
-            if box[0] <= kept[0] else f"{_fmt(nll)}, worse than the optimum a chain reached at an earlier check"))
-        if settled >= need:
-            reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
-                      f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
-                      f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
-                      "iterations before" if agree else
-                      f"the best refined optimum (negative log likelihood {best_nll:.6g}) has not changed for "
-                      f"{settled * self.check_every} iterations; " + chains_note)
-        else:
-            reason = (f"the best refined negative log likelihood {best_nll:.6g} is "
-                      + ("the first" if fresh else "new" if settled == 0 else "unchanged")
-                      + f" ({'chains agree' if agree else chains_note})")
-        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
-                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held),
-                        float(box[0]), tuple(float(v) for v in box[1]), int(box[3]), tuple(float(v) for v in box[2]),
-                        *kept)
+        return best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held
 
     @staticmethod
     def _kept(previous: Decision | None) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
@@ -438,23 +533,47 @@ class RefinedAgreement:
         box = np.vstack([self.bounds, b0])
         return box if np.all(np.isfinite(box)) else None
 
-    def _box_search(self, box: tuple, n: int, *, full: bool = False) -> tuple[tuple, list[float]]:
+    @cached_property
+    def screened_points(self) -> np.ndarray:
+        """(K, P + U) ``screen_points`` points spread over :meth:`box` (a scrambled Sobol sequence of its own),
+        ordered by the gradient-matching log density at each with the observed states at the GPs' means,
+        highest first (K = 0 when :meth:`box` is None). Computed on first use, once per rule: K density
+        evaluations, each one solve of the latent states (0.02-0.06 s for 256 points on the robustness grid's
+        systems)."""
+        bounds = self.box()
+        if bounds is None or self.screen_points == 0:
+            return np.empty((0, 0 if bounds is None else bounds.shape[0]))
+        m = int(np.ceil(np.log2(self.screen_points)))
+        unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=np.random.default_rng([self.seed, 1])).random_base2(m)
+        z = bounds[:, 0] + unit[: self.screen_points] * np.ptp(bounds, axis=1)
+        d = self.density
+        target = GradientMatchingTarget(d)
+        X = np.zeros((d.obs.times.size, d.system.n_states))
+        X[:, list(d.observed_idx)] = d.gp_posterior_means()
+        lp = np.array([target.evaluate(q, X)[0] for q in z])
+        return z[np.argsort(-np.where(np.isfinite(lp), lp, -np.inf), kind="stable")]
+
+    def _box_search(self, box: tuple, n: int, *, full: bool = False,
+                    points: np.ndarray | None = None) -> tuple[tuple, list[float]]:
         """The box search's (best nll, its q, its residual ratio (M,), points used) after ``n``
         more points (unchanged when :meth:`box` is None), and each new point's refined nll (N,)
         (a short refinement's unless it beat the best so far or, with ``full``, fits the data after
-        it (:meth:`residual_ratio` within ``fit_ratio``): then refined fully)."""
+        it (:meth:`residual_ratio` within ``fit_ratio``): then refined fully). ``points`` (n, P + U):
+        refine these instead of the sequence's next ``n`` (the points used stay as they were)."""
         bounds = self.box()
         if bounds is None:
             return box, []
         used = box[3]
-        # the sequence's first 2^m points (a power of two keeps Sobol's balance), of which these are the next n
-        m = int(np.ceil(np.log2(used + n)))
-        unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=self.seed).random_base2(m)[used:used + n]
+        if points is None:
+            # the sequence's first 2^m points (a power of two keeps Sobol's balance), of which these are the next n
+            m = int(np.ceil(np.log2(used + n)))
+            unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=self.seed).random_base2(m)[used:used + n]
+            points = bounds[:, 0] + unit * np.ptp(bounds, axis=1)  # parameters, then unknown latent initial values
+            used += n
         d = self.density
         P, first = d.system.n_parameters, list(d.gp_posterior_means()[0])
         nlls = []
-        for u in unit:
-            z = bounds[:, 0] + u * np.ptp(bounds, axis=1)  # parameters, then unknown latent initial values
+        for z in points:
             problem = self.problem(np.asarray(d.initial_state(first, list(z[P:])), float))
             # a short probe (most box points lie in basins that a full refinement would crawl through);
             # one that beats the best so far is refined fully from where it stopped
@@ -465,7 +584,7 @@ class RefinedAgreement:
             if r.nll < box[0]:
                 box = (*self._judge(problem, r)[:3], used)
             nlls.append(float(r.nll))
-        return (*box[:3], used + n), nlls
+        return (*box[:3], used), nlls
 
 
 def _fmt(values) -> str:

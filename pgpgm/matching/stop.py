@@ -55,7 +55,9 @@ class Decision:
     squares from points spread over the prior box so far, its unknowns and residual ratios, and
     the points refined; kept_nll, kept_q, kept_fit_ratio : the best optimum that earlier checks
     refined the chains' means to (a chain can leave the data's basin for a worse mode of the
-    gradient-matching density between checks: the optimum it found is kept, not forgotten).
+    gradient-matching density between checks: the optimum it found is kept, not forgotten);
+    screened : the box points ranked by the gradient-matching density that were refined so far
+    (their best counts as the box search's: ``box_nll``, ``box_q``).
     """
 
     iteration: int
@@ -76,6 +78,7 @@ class Decision:
     kept_nll: float = np.inf
     kept_q: tuple[float, ...] = ()
     kept_fit_ratio: tuple[float, ...] = ()
+    screened: int = 0
 
     @property
     def best_nll(self) -> float:
@@ -99,8 +102,8 @@ class Decision:
                 "at_bound": list(self.at_bound), "q": [list(v) for v in self.q], "fit_ratio": list(self.fit_ratio),
                 "held": list(self.held), "box_nll": self.box_nll, "box_q": list(self.box_q),
                 "box_starts": self.box_starts, "box_fit_ratio": list(self.box_fit_ratio), "kept_nll": self.kept_nll,
-                "kept_q": list(self.kept_q), "kept_fit_ratio": list(self.kept_fit_ratio), "best_nll": self.best_nll,
-                "best_q": list(self.best_q)}
+                "kept_q": list(self.kept_q), "kept_fit_ratio": list(self.kept_fit_ratio), "screened": self.screened,
+                "best_nll": self.best_nll, "best_q": list(self.best_q)}
 
 
 class StopRule(Protocol):
