@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy import optimize
@@ -276,10 +276,19 @@ class LeastSquaresProblem:
 
     def rss(self, q) -> np.ndarray:
         """Residual sum of squares of each observed state (M,) at q (state units squared)."""
-        r = self.raw_residuals(q)
+        return self.rss_of(self.raw_residuals(q))
+
+    def rss_of(self, r: np.ndarray) -> np.ndarray:
+        """(M,) each observed state's residual sum of squares of :meth:`raw_residuals` ``r`` (N, M)."""
         if self.n_obs.sum() < self.y.size:
             r = np.where(self.mask, r, 0.0)
         return np.einsum("nk,nk->k", r, r)
+
+    def gaussian_nll(self, rss: np.ndarray, sd: np.ndarray) -> float:
+        """The Gaussian negative log likelihood of :meth:`nll` from each state's residual sum of squares
+        ``rss`` (M,) and sd ``sd`` (M,)."""
+        n = self.n_obs
+        return float(np.sum(n * np.log(sd) + rss / (2 * sd**2)) + 0.5 * n.sum() * np.log(2 * np.pi))
 
     def residuals(self, q) -> np.ndarray:
         """Scaled residuals (x_M - y) / noise_sd where measured, row by row (K,) (K = N*M
@@ -344,8 +353,7 @@ class LeastSquaresProblem:
             rss = self.rss(q)
         except ODESolveError:
             return np.inf
-        n = self.n_obs
-        return float(np.sum(n * np.log(sd) + rss / (2 * sd**2)) + 0.5 * n.sum() * np.log(2 * np.pi))
+        return self.gaussian_nll(rss, sd)
 
 
 #: residual evaluations of a short refinement (two noise rounds at most): a screen of a start before a full
@@ -381,7 +389,10 @@ def refine(
         and the refinement is weighted least squares. True: every observed state's sd
         is estimated jointly with q by maximum likelihood, ``problem.noise_sd`` being
         only the start. A sequence of M bools estimates the marked states' sds and keeps
-        the others (known, user-given sds) fixed.
+        the others (known, user-given sds) fixed. With Gaussian noise the refinement ends no
+        higher than its start: where the rounds from ``problem.noise_sd`` end above the start's
+        likelihood (its sds at their maximum-likelihood values there), they run again from those
+        sds (the message says so).
     max_rounds : most alternations between the least-squares solve and the sd update.
     noise_rtol : the alternation stops when no estimated sd changes by more than this
         relative amount in a round.
@@ -458,7 +469,7 @@ def refine(
     sd = problem.noise_sd.copy()
     floor = _SD_FLOOR * sd
     try:
-        problem.raw_residuals(q)
+        start_residuals = problem.raw_residuals(q)
     except ODESolveError as err:
         return _failed(problem, q, sd, estimated, n0,
                        f"the ODE solve failed at the start q0 = {dict(zip(names, q.round(6).tolist()))} "
@@ -472,41 +483,59 @@ def refine(
             return np.sqrt(problem.rss(q) / problem.n_obs)
         return _ml_noise(problem, q, sd)
 
-    alt = alternate_noise(solve, update, q, sd, estimated, floor, max_rounds=max_rounds, noise_rtol=noise_rtol)
-    q, sd, res, rounds, converged, change = alt.q, alt.params, alt.result, alt.rounds, alt.converged, alt.change
-    success = bool(res.success) and converged
-    message = str(res.message)
-    if estimated.any():
-        message += (f"; noise sds converged in {rounds} rounds" if converged else
-                    f"; noise sds not converged after {rounds} rounds (last relative change {change:.2g})")
-        at_floor = estimated & (sd <= floor)
-        if at_floor.any():
-            states = [problem.observed_names[k] for k in np.flatnonzero(at_floor)]
-            success = False
-            message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
-            if warn:
-                warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
-                              f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
-                              "the start); give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
+    def finish(q, sd) -> Refinement:  # the alternation from (q, sd), then the end point's Jacobian
+        alt = alternate_noise(solve, update, q, sd, estimated, floor, max_rounds=max_rounds, noise_rtol=noise_rtol)
+        q, sd, res, rounds, converged, change = alt.q, alt.params, alt.result, alt.rounds, alt.converged, alt.change
+        success = bool(res.success) and converged
+        message = str(res.message)
+        if estimated.any():
+            message += (f"; noise sds converged in {rounds} rounds" if converged else
+                        f"; noise sds not converged after {rounds} rounds (last relative change {change:.2g})")
+            at_floor = estimated & (sd <= floor)
+            if at_floor.any():
+                states = [problem.observed_names[k] for k in np.flatnonzero(at_floor)]
+                success = False
+                message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
+                if warn:
+                    warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
+                                  f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
+                                  "the start); give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
 
-    final = problem.with_noise_sd(sd)
-    try:
-        J = final.jacobian(q, strict=True)
-    except ODESolveError as err:
-        return _failed(problem, q, sd, estimated, n0, f"the sensitivity solve failed at the end point ({err})",
-                       nll=final.nll(q, sd), cost=final.cost(q))
-    cov, s, rank, null, undetermined = _covariance(J, names, rcond)
-    if undetermined and warn:
-        warnings.warn(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
-                      f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
-                      "them, or give more data", IdentifiabilityWarning, stacklevel=2)
-    theta, x0 = problem.split(q)
-    return Refinement(
-        theta=theta, stderr=np.sqrt(np.diag(cov)[:P]), covariance=cov[:P, :P], x0=x0, cost=final.cost(q),
-        n_solves=problem.integrator.n_solves - n0, success=success, message=message, noise_sd=sd,
-        noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
-        singular_values=s, null_space=null, undetermined=undetermined, noise=problem.noise,
-    )
+        final = problem.with_noise_sd(sd)
+        try:
+            J = final.jacobian(q, strict=True)
+        except ODESolveError as err:
+            return _failed(problem, q, sd, estimated, n0, f"the sensitivity solve failed at the end point ({err})",
+                           nll=final.nll(q, sd), cost=final.cost(q))
+        cov, s, rank, null, undetermined = _covariance(J, names, rcond)
+        if undetermined and warn:
+            warnings.warn(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
+                          f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
+                          "them, or give more data", IdentifiabilityWarning, stacklevel=2)
+        theta, x0 = problem.split(q)
+        return Refinement(
+            theta=theta, stderr=np.sqrt(np.diag(cov)[:P]), covariance=cov[:P, :P], x0=x0, cost=final.cost(q),
+            n_solves=problem.integrator.n_solves - n0, success=success, message=message, noise_sd=sd,
+            noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
+            singular_values=s, null_space=null, undetermined=undetermined, noise=problem.noise,
+        )
+
+    out = finish(q, sd)
+    if estimated.any() and problem.noise is None:
+        # the first rounds are weighted by the given sds (e.g. a GP's): far from the start's own sds they can lead
+        # least squares away from an optimum it starts at, uphill in the likelihood (the held-out grid's
+        # d2032-pt-011: from -170.635 to -117.849, a GP's sd 60 times below the residuals'). A refinement ends no
+        # higher than its start: else it runs again from the sds that maximise the likelihood at the start
+        rss = problem.rss_of(start_residuals)
+        start_sd = np.where(estimated, np.maximum(np.sqrt(rss / problem.n_obs), floor), sd)
+        start_nll = problem.gaussian_nll(rss, start_sd)
+        if not out.nll <= start_nll + 1e-9 * max(1.0, abs(start_nll)):
+            again = finish(q, start_sd)
+            if again.nll < out.nll or not np.isfinite(out.nll):
+                out = replace(again, n_solves=problem.integrator.n_solves - n0, message=again.message + (
+                    f"; rerun from the start's own noise sds (the given sds' rounds ended at {out.nll:.6g}, above the "
+                    f"start's {start_nll:.6g})"))
+    return out
 
 
 def _ml_noise(problem: LeastSquaresProblem, q, params: np.ndarray) -> np.ndarray:
