@@ -58,6 +58,7 @@ density is the method's cheap proxy of the likelihood: on the held-out grid's d2
 (Goodwin, 20 points, 20 % noise, box 10 x truth), whose optimum 1 of 500 random least-squares
 starts reaches, 16 ranked points reach it in 12 of 12 kernel x seed fits (8 in 10 of 12; the fits
 without them: 6 of 12), where the chains had stopped in modes 14 and 24 nats worse.
+
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
 
@@ -66,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 from scipy.stats import qmc
@@ -87,6 +88,25 @@ from .solve import Integrator
 #: robustness.py, paired with 1e-7, 2026-11-26): the same optima and stop iterations, the rule's time
 #: 0.82x, the fits' CPU 0.89x (median).
 RULE_NOISE_RTOL: float | None = 1e-4
+
+
+class Standing(NamedTuple):
+    """Where the best optimum stands at one check (:meth:`RefinedAgreement.decide`): its negative log
+    likelihood, unknowns (Q,), residual ratios (M,) and the states it fits poorly (in words); whether the chains'
+    refinements reach it and agree; the checks it has held and the checks it must hold (inf: it cannot stop the
+    chains yet); the prior bounds it lies on (in words); whether the box search is done; why it holds the chains."""
+
+    nll: float
+    q: tuple[float, ...]
+    ratio: np.ndarray
+    poor: list[str]
+    from_chains: bool
+    agree: bool
+    settled: int
+    need: float
+    at_bound: list[str]
+    searched: bool
+    held: list[str]
 
 
 @dataclass(frozen=True, eq=False)
@@ -336,58 +356,9 @@ class RefinedAgreement:
                         *kept, screened)
 
     def _assess(self, nll: tuple[float, ...], chains_best: tuple, box: tuple, kept: tuple, best: tuple,
-                previous: Decision | None, fresh: bool) -> tuple:
-        """The verdict's parts at one check: the best optimum ``best`` (nll, q, residual ratio, poor fits) of the
-        chains' (``chains_best``), the box search's (``box``) and the kept one (``kept``); whether the chains reach
-        it and agree; the settled checks and the checks needed; its prior bounds; whether the box search is done;
-        why the best holds the chains."""
-        P = self.density.system.n_parameters
-        best_nll, best_q, ratio, poor = best
-        from_chains = chains_best[0] <= min(box[0], kept[0]) + self.tol  # the chains reach the best (within tol)
-        agree = bool(np.isfinite(min(nll)) and max(nll) - min(nll) <= self.tol and from_chains)
-        # checks the best has stayed within tol of its current value (0: it dropped just now)
-        settled = 0 if fresh else (previous.settled + 1 if previous.best_nll - best_nll <= self.tol else 0)
-        need = 1 if agree else self.patience
-        bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
-            f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
-            "the chains go on until it leaves the bound, the box search has refined "
-            f"{self.box_release} points or to the whole budget" if not searched else
-            f"it must hold for {need * self.check_every} iterations (the box search found no better optimum)")
-        if poor:
-            bound_note += (f"; it fits the data worse than the GPs ({', '.join(poor)} times the noise sd), so the "
-                           + (f"chains go on until it fits, the box search has refined {self.box_release} points "
-                              "or to the whole budget" if not searched else
-                              f"best must hold for {need * self.check_every} iterations (the box search found no "
-                              "better optimum)"))
-        if box[3]:
-            bound_note += (f"; least squares from {box[3]} points spread over the prior box: best negative log "
-                           f"likelihood {box[0]:.6g}")
-        bound_note += screen_note
-        chains_note = ("the chains' means refine to " + (
-            f"different optima ({_fmt(nll)})" if from_chains else f"{_fmt(nll)}, worse than the box search's"
-            if box[0] <= kept[0] else f"{_fmt(nll)}, worse than the optimum a chain reached at an earlier check"))
-        if settled >= need:
-            reason = (f"the chains' means refine to the same optimum (negative log likelihoods {_fmt(nll)}) as "
-                      f"{settled * self.check_every} iterations before" if agree and len(nll) > 1 else
-                      f"the chain's mean refines to the same optimum ({_fmt(nll)}) as {settled * self.check_every} "
-                      "iterations before" if agree else
-                      f"the best refined optimum (negative log likelihood {best_nll:.6g}) has not changed for "
-                      f"{settled * self.check_every} iterations; " + chains_note)
-        else:
-            reason = (f"the best refined negative log likelihood {best_nll:.6g} is "
-                      + ("the first" if fresh else "new" if settled == 0 else "unchanged")
-                      + f" ({'chains agree' if agree else chains_note})")
-        return Decision(it, settled >= need, reason + bound_note, nll, theta, settled, it, tuple(at_bound),
-                        tuple(tuple(float(v) for v in r.q) for r in refs), tuple(float(v) for v in ratio), tuple(held),
-                        float(box[0]), tuple(float(v) for v in box[1]), int(box[3]), tuple(float(v) for v in box[2]),
-                        *kept, screened)
-
-    def _assess(self, nll: tuple[float, ...], chains_best: tuple, box: tuple, kept: tuple, best: tuple,
-                previous: Decision | None, fresh: bool) -> tuple:
-        """The verdict's parts at one check: the best optimum ``best`` (nll, q, residual ratio, poor fits) of the
-        chains' (``chains_best``), the box search's (``box``) and the kept one (``kept``); whether the chains reach
-        it and agree; the settled checks and the checks needed; its prior bounds; whether the box search is done;
-        why the best holds the chains."""
+                previous: Decision | None, fresh: bool) -> Standing:
+        """The :class:`Standing` of the best optimum ``best`` (nll, q, residual ratio, poor fits) of the chains'
+        (``chains_best``), the box search's (``box``) and the kept one (``kept``) after ``previous``."""
         P = self.density.system.n_parameters
         best_nll, best_q, ratio, poor = best
         from_chains = chains_best[0] <= min(box[0], kept[0]) + self.tol  # the chains reach the best (within tol)
@@ -408,7 +379,7 @@ class RefinedAgreement:
             need = np.inf
             held.append(f"fits the data worse than the GPs (residual sd / noise sd: {', '.join(poor)}; at most "
                         f"{self.fit_ratio:g} stops early)")
-        return best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held
+        return Standing(best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held)
 
     @staticmethod
     def _kept(previous: Decision | None) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
