@@ -50,7 +50,8 @@ agree that the box holds nothing better (an optimum that really lies on a bound;
 that fits less well than a GP can, as on real data) - or else at the whole budget.
 
 Chains that would stop apart (the best settled for ``patience`` checks while their means refine
-to different optima) are evidence of several modes, not of the data's one: before they stop,
+to different optima) where another chain's optimum fits the data too (residual ratios within
+``fit_ratio``) are evidence of several candidate optima, not of the data's one: before they stop,
 least squares runs from the ``screen_starts`` (16) next of ``screen_points`` (256) box points ranked
 by the gradient-matching density itself (at the GPs' means: one latent solve per point). A better
 optimum found there resets the settling count and the chains go on; otherwise they stop. The
@@ -176,8 +177,9 @@ class RefinedAgreement:
         log density with the observed states at the GPs' means (:attr:`screened_points`); 0, or priors
         that are not all finite Uniform ones, switch the ranked search off
     screen_starts : ranked points refined (best first, as the box search refines its points) each time the
-        chains would stop while their means refine to different optima; a better optimum among them
-        keeps the chains going. 0 switches it off
+        chains would stop while their means refine to different optima and one other than the best fits
+        the data (``fit_ratio``; a chain held in a mode that does not fit, as on Lotka-Volterra with x2
+        observed, costs no search); a better optimum among them keeps the chains going. 0 switches it off
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
     earliest - follow the published cases: every chain's mean refined to the global optimum
@@ -309,7 +311,12 @@ class RefinedAgreement:
         screened, screen_note = (0 if previous is None else previous.screened), ""
         best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
             nll, chains_best, box, kept, best_of(), previous, fresh)
-        if settled >= need and not agree and self.screen_starts > 0 and screened < len(self.screened_points):
+        # another optimum a chain's mean refines to fits the data too (residual ratios within fit_ratio): the data
+        # leave more than one candidate, so the best need not be the global one
+        rival = any(v > best_nll + self.tol and not self._poor(self.residual_ratio(pr, r))
+                    for v, pr, r in zip(nll, problems, refs))
+        if (settled >= need and not agree and rival and self.screen_starts > 0
+                and screened < len(self.screened_points)):
             # the chains would stop apart: least squares first from the box points the density ranks highest
             n = min(self.screen_starts, len(self.screened_points) - screened)
             box = self._box_search(box, n, points=self.screened_points[screened:screened + n])[0]

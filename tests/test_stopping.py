@@ -467,3 +467,23 @@ def test_a_gp_that_takes_noise_for_signal_does_not_hold_the_chains(pt_model):
     truth = refine(problem, np.r_[data.attrs["theta"], np.array(c.x0)[list(idx)]], density.priors.bounds,
                    estimate_noise=True, warn=False)
     assert r.nll == pytest.approx(truth.nll, rel=1e-6)
+
+
+def test_chains_apart_whose_rival_does_not_fit_stop_without_the_ranked_search(lv):
+    # Lotka-Volterra, x2 observed, data seed 0: one chain's mean refines to the optimum, the other's to a mode
+    # 49 nats worse that does not fit the data; the ranked box search (for rivals that fit) is not run, and the
+    # fit ends at the independent multi-start's optimum
+    data, c, density = _case(lv, "x2-observed")
+    best = _multistart_optimum(lv, "x2-observed", data, c, 40)
+    r = _fit(lv, "x2-observed", data, c)
+    reason = r.estimates.attrs["sampling_stop_reason"]
+    assert "refine to different optima" in reason and "ranks highest" not in reason
+    checks = json.loads(r.gradient_matching.attrs["pgpgm_stopping"])["checks"]
+    assert checks[-1]["screened"] == 0 and max(checks[-1]["nll"]) - min(checks[-1]["nll"]) > 40
+    rule = RefinedAgreement(density, density.integrator, density.priors.bounds)
+    worst = int(np.argmax(checks[-1]["nll"]))
+    assert max(checks[-1]["fit_ratio"]) <= rule.fit_ratio  # the best fits; the rival's fit is judged below
+    problem = rule.problem(np.array(c.x0, float))
+    rival = refine(problem, checks[-1]["q"][worst], density.priors.bounds, estimate_noise=True, warn=False)
+    assert np.any(rule.residual_ratio(problem, rival) > rule.fit_ratio)
+    assert abs(r.nll - best.nll) < 1e-6
