@@ -483,7 +483,9 @@ def refine(
             return np.sqrt(problem.rss(q) / problem.n_obs)
         return _ml_noise(problem, q, sd)
 
-    def finish(q, sd) -> Refinement:  # the alternation from (q, sd), then the end point's Jacobian
+    def finish(q, sd) -> tuple[Refinement, list[str]]:
+        """The alternation from (q, sd), then the end point's Jacobian; the IdentifiabilityWarnings' texts."""
+        notes: list[str] = []
         alt = alternate_noise(solve, update, q, sd, estimated, floor, max_rounds=max_rounds, noise_rtol=noise_rtol)
         q, sd, res, rounds, converged, change = alt.q, alt.params, alt.result, alt.rounds, alt.converged, alt.change
         success = bool(res.success) and converged
@@ -496,31 +498,30 @@ def refine(
                 states = [problem.observed_names[k] for k in np.flatnonzero(at_floor)]
                 success = False
                 message += f"; the noise sd of {', '.join(states)} reached its floor (the likelihood is unbounded)"
-                if warn:
-                    warnings.warn(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
-                                  f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
-                                  "the start); give noise_sd for these states", IdentifiabilityWarning, stacklevel=2)
+                notes.append(f"pgpgm.refine: the model fits the data of {', '.join(states)} exactly, so their "
+                             f"noise sd is not determined (the likelihood is unbounded; held at {_SD_FLOOR:g} x "
+                             "the start); give noise_sd for these states")
 
         final = problem.with_noise_sd(sd)
         try:
             J = final.jacobian(q, strict=True)
         except ODESolveError as err:
             return _failed(problem, q, sd, estimated, n0, f"the sensitivity solve failed at the end point ({err})",
-                           nll=final.nll(q, sd), cost=final.cost(q))
+                           nll=final.nll(q, sd), cost=final.cost(q)), notes
         cov, s, rank, null, undetermined = _covariance(J, names, rcond)
-        if undetermined and warn:
-            warnings.warn(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
-                          f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
-                          "them, or give more data", IdentifiabilityWarning, stacklevel=2)
+        if undetermined:
+            notes.append(f"pgpgm.refine: the data do not determine {', '.join(undetermined)}: the scaled Jacobian has "
+                         f"rank {rank} for {Q} unknowns, so their standard errors are infinite; fix or reparametrise "
+                         "them, or give more data")
         theta, x0 = problem.split(q)
         return Refinement(
             theta=theta, stderr=np.sqrt(np.diag(cov)[:P]), covariance=cov[:P, :P], x0=x0, cost=final.cost(q),
             n_solves=problem.integrator.n_solves - n0, success=success, message=message, noise_sd=sd,
             noise_estimated=estimated, nll=final.nll(q, sd), q=q, q_names=names, q_covariance=cov, rank=rank,
             singular_values=s, null_space=null, undetermined=undetermined, noise=problem.noise,
-        )
+        ), notes
 
-    out = finish(q, sd)
+    out, notes = finish(q, sd)
     if estimated.any() and problem.noise is None:
         # the first rounds are weighted by the given sds (e.g. a GP's): far from the start's own sds they can lead
         # least squares away from an optimum it starts at, uphill in the likelihood (the held-out grid's
@@ -530,11 +531,13 @@ def refine(
         start_sd = np.where(estimated, np.maximum(np.sqrt(rss / problem.n_obs), floor), sd)
         start_nll = problem.gaussian_nll(rss, start_sd)
         if not out.nll <= start_nll + 1e-9 * max(1.0, abs(start_nll)):
-            again = finish(q, start_sd)
+            again, again_notes = finish(q, start_sd)
             if again.nll < out.nll or not np.isfinite(out.nll):
-                out = replace(again, n_solves=problem.integrator.n_solves - n0, message=again.message + (
+                out, notes = replace(again, n_solves=problem.integrator.n_solves - n0, message=again.message + (
                     f"; rerun from the start's own noise sds (the given sds' rounds ended at {out.nll:.6g}, above the "
-                    f"start's {start_nll:.6g})"))
+                    f"start's {start_nll:.6g})")), again_notes
+    for note in notes if warn else ():  # the kept refinement's only
+        warnings.warn(note, IdentifiabilityWarning, stacklevel=2)
     return out
 
 
