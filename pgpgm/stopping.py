@@ -312,10 +312,10 @@ class RefinedAgreement:
         best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
             nll, chains_best, box, kept, best_of(), previous, fresh)
         # another optimum a chain's mean refines to fits the data too (residual ratios within fit_ratio): the data
-        # leave more than one candidate, so the best need not be the global one
-        rival = any(v > best_nll + self.tol and not self._poor(self.residual_ratio(pr, r))
-                    for v, pr, r in zip(nll, problems, refs))
-        if (settled >= need and not agree and rival and self.screen_starts > 0
+        # leave more than one candidate, so the best need not be the global one (judged only where it matters)
+        rival = lambda: any(v > best_nll + self.tol and not self._poor(self.residual_ratio(pr, r))
+                            for v, pr, r in zip(nll, problems, refs))
+        if (settled >= need and not agree and self.screen_starts > 0 and rival()
                 and screened < len(self.screened_points)):
             # the chains would stop apart: least squares first from the box points the density ranks highest
             n = min(self.screen_starts, len(self.screened_points) - screened)
@@ -525,9 +525,7 @@ class RefinedAgreement:
         unit = qmc.Sobol(bounds.shape[0], scramble=True, seed=np.random.default_rng([self.seed, 1])).random_base2(m)
         z = bounds[:, 0] + unit[: self.screen_points] * np.ptp(bounds, axis=1)
         d = self.density
-        target = GradientMatchingTarget(d)
-        X = np.zeros((d.obs.times.size, d.system.n_states))
-        X[:, list(d.observed_idx)] = d.gp_posterior_means()
+        target, X = GradientMatchingTarget(d), d.gp_states()
         lp = np.array([target.evaluate(q, X)[0] for q in z])
         return z[np.argsort(-np.where(np.isfinite(lp), lp, -np.inf), kind="stable")]
 

@@ -305,6 +305,13 @@ class GradientMatchingDensity:
         return np.column_stack([k.gp.posterior_mean(obs.state_times(m), obs.state_values(m), t)
                                 for m, k in enumerate(self.terms)])
 
+    def gp_states(self, observed: np.ndarray | None = None) -> np.ndarray:
+        """(N, S) every state on the grid: the observed ones' columns at ``observed`` (N, M; default
+        :meth:`gp_posterior_means`), the latent ones' 0 (the samplers solve them)."""
+        X = np.zeros((self.obs.times.size, self.system.n_states))
+        X[:, list(self.observed_idx)] = self.gp_posterior_means() if observed is None else observed
+        return X
+
     def initial_point(self, theta) -> dict[str, np.ndarray]:
         """A start for any PyMC sampler: theta (P,) and the GP-smoothed observed states
         (pass it as ``pm.sample(initvals=...)``)."""

@@ -263,7 +263,7 @@ def _run_in_process(target: GradientMatchingTarget, jobs: list, kwargs: dict, ba
 
 def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> list:
     """(chain, theta0 (P,), its generator after choosing the start) for every chain."""
-    starts, x_start = Starts(target), _gp_start(target)
+    starts, x_start = Starts(target), target.density.gp_states()
     seeds = np.random.SeedSequence(seed).spawn(chains)
     jobs = []
     for c in range(chains):
@@ -348,13 +348,6 @@ def _run_in_workers(target: GradientMatchingTarget, jobs: list, cores: int, kwar
             p.wait()
             p.stdout.close()
     return [results[c] for c, _, _ in jobs], decisions
-
-
-def _gp_start(target: GradientMatchingTarget) -> np.ndarray:
-    d = target.density
-    X = np.zeros((d.obs.times.size, d.system.n_states))
-    X[:, list(d.observed_idx)] = d.gp_posterior_means()
-    return X
 
 
 def _to_datatree(s: GradientMatchingDensity, results: list[dict], settings: dict, stopping: dict):

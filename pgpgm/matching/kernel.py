@@ -77,8 +77,7 @@ class StepInfo:
 def init(target: GradientMatchingTarget, q0, X0=None) -> ChainState:
     """The chain state at coordinates q0 (P,) and observed states X0 (N, M) (GP means if None)."""
     d = target.density
-    X = np.zeros((d.obs.times.size, d.system.n_states))
-    X[:, list(d.observed_idx)] = d.gp_posterior_means() if X0 is None else X0
+    X = d.gp_states(X0)
     q0 = np.asarray(q0, float)
     logp, theta, lat = target.evaluate(q0, X)
     if not np.isfinite(logp):

@@ -66,8 +66,7 @@ class Starts:
         """Maximise the density over theta with x_M at the GP means (Powell, from the prior median).
         Gradient matching makes this objective smooth, so a local search is a sound start."""
         d, target = self.target.density, self.target
-        X = np.zeros((d.obs.times.size, d.system.n_states))
-        X[:, list(d.observed_idx)] = d.gp_posterior_means()
+        X = d.gp_states()
 
         def neg(theta):
             lp = target.evaluate(theta, X)[0]
