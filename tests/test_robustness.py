@@ -216,6 +216,25 @@ def test_the_side_by_side_reruns_the_references_own_starts():
     assert summary["cost_cpu"] == pytest.approx(ref["starts_95"] * np.mean([s["cpu"] for s in row["starts"]]))
     assert summary["ratio_wall"] == pytest.approx(fit["steps13"] / summary["cost_wall"])
 
+def test_one_multistart_size_for_all_data_sets_and_multistarts_that_stop_themselves():
+    """The side-by-side report's multi-start a user configures once, against closed forms: with success
+    fractions p the fewest starts N with mean(1 - (1 - p)^N) >= 95 %; and a multi-start that stops once two
+    starts agree on its best, on a run where one start of n reaches the optimum and the rest share a worse
+    mode: it ends at the optimum only when that start is among the first two (2 / n), else after two."""
+    assert rb.starts_for_share(np.full(10, 0.5)) == 5  # 1 - 0.5^5 = 0.969; 0.5^4 leaves 0.938
+    p = np.array([1.0, 0.1])  # mean(1, 1 - 0.9^N) >= 0.95 <=> 0.9^N <= 0.1: N = 22
+    assert rb.starts_for_share(p) == 22
+    assert rb.starts_for_share(np.array([0.5, 0.0])) is None  # half never reached: 95 % out of reach
+    n = 10
+    ref = {"nll": -100.0, "n_obs": 50, "nll_starts": [-100.0] + [-80.0] * (n - 1)}
+    hit, used = rb.agreement_stop(ref, 2, repeats=4000, seed=1)
+    assert hit == pytest.approx(2 / n, abs=0.02)
+    assert used == pytest.approx(2 / n * n + (1 - 2 / n) * 2, abs=0.1)
+    assert rb.agreement_stop({**ref, "nll_starts": [-100.0] * n}, 3) == (1.0, 3.0)
+    hit, used = rb.agreement_stop({**ref, "nll_starts": [np.nan, -100.0, -100.0]}, 2, repeats=4000)
+    assert hit == 1.0 and used == pytest.approx(8 / 3, abs=0.05)  # a failed start counts for nothing
+
+
 
 def _repressilator(x, th):
     m1, m2, m3, p1, p2, p3 = x.T
