@@ -916,11 +916,10 @@ def one_multistart_section(rows: list[dict], sums: dict[str, dict], refs: dict[s
               "| m | at the optimum, side-by-side problems | at the optimum, all references | starts, median | "
               "ratio (fits / its CPU), median |", "|---|---|---|---|---|"]
     for agree in (2, 3, 5):
-        here = [agreement_stop(refs[r["problem"]], agree) for r in rows]
-        every = [agreement_stop(ref, agree)[0] for ref in refs.values()]
-        used = np.array([u for _, u in here])
-        lines.append(f"| {agree} | {np.mean([h for h, _ in here]):.1%} | {np.mean(every):.1%} | {np.median(used):.0f} | "
-                     f"{np.median(fits / (used * start)):.2f} |")
+        every = {pid: agreement_stop(ref, agree) for pid, ref in refs.items()}  # (share at the optimum, starts)
+        here = np.array([every[r["problem"]] for r in rows])
+        lines.append(f"| {agree} | {np.mean(here[:, 0]):.1%} | {np.mean([h for h, _ in every.values()]):.1%} | "
+                     f"{np.median(here[:, 1]):.0f} | {np.median(fits / (here[:, 1] * start)):.2f} |")
     return lines
 
 

@@ -309,25 +309,23 @@ class RefinedAgreement:
             since = it - (0 if fresh else previous.refined_at)
             box = self._box_search(box, max(1, round(self.box_starts * since / self.check_every)))[0]
         screened, screen_note = (0 if previous is None else previous.screened), ""
-        best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
-            nll, chains_best, box, kept, best_of(), previous, fresh)
+        standing = self._assess(nll, chains_best, box, kept, best_of(), previous, fresh)
         # another optimum a chain's mean refines to fits the data too (residual ratios within fit_ratio): the data
         # leave more than one candidate, so the best need not be the global one (judged only where it matters)
-        rival = lambda: any(v > best_nll + self.tol and not self._poor(self.residual_ratio(pr, r))
+        rival = lambda: any(v > standing.nll + self.tol and not self._poor(self.residual_ratio(pr, r))
                             for v, pr, r in zip(nll, problems, refs))
-        if (settled >= need and not agree and self.screen_starts > 0 and rival()
+        if (standing.settled >= standing.need and not standing.agree and self.screen_starts > 0 and rival()
                 and screened < len(self.screened_points)):
             # the chains would stop apart: least squares first from the box points the density ranks highest
             n = min(self.screen_starts, len(self.screened_points) - screened)
             box = self._box_search(box, n, points=self.screened_points[screened:screened + n])[0]
             screened += n
-            before = best_nll
-            best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = self._assess(
-                nll, chains_best, box, kept, best_of(), previous, fresh)
+            before, standing = standing.nll, self._assess(nll, chains_best, box, kept, best_of(), previous, fresh)
             screen_note = (f"; least squares from the {screened} of {len(self.screened_points)} points spread over the "
                            "prior box that the gradient-matching density ranks highest (at the GPs' means): "
-                           + (f"a better optimum ({best_nll:.6g} against {before:.6g}), so the chains go on"
-                              if settled < need else "none better"))
+                           + (f"a better optimum ({standing.nll:.6g} against {before:.6g}), so the chains go on"
+                              if standing.settled < standing.need else "none better"))
+        best_nll, best_q, ratio, poor, from_chains, agree, settled, need, at_bound, searched, held = standing
         bound_note = "" if not at_bound else f"; it lies on a prior bound ({'; '.join(at_bound)}), so " + (
             f"it must hold for {need * self.check_every} iterations" if self.bound_patience is not None else
             "the chains go on until it leaves the bound, the box search has refined "
