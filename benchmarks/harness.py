@@ -345,21 +345,22 @@ def source_tree(ref: str) -> Path:
 #: Every non-public pgpgm name a benchmark uses (module, name): the coordinator's list of what
 #: still needs a public way. :func:`private` refuses anything not listed here.
 PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
-    ("pgpgm.pipeline", None): "robustness.py sidebyside: the module whose refine it wraps (step 3's refinements "
-                              "counted); posterior.py: the module whose run_nuts it patches for one fit, to capture "
-                              "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
-                              "the fit's model; posterior_reference.py: "
-                              "the same, to read the numbers of the fit's step-4 model (data, prior centres) for "
-                              "the independent numpyro model; runaways.py: its refine_step wrapped for one fit, so "
-                              "that step 4 starts from issue 29's wrong optimum (refined on the fit's own problem)",
-    ("pgpgm.stopping", None): "robustness.py sidebyside: the module whose refine (step 3's) it wraps while a fit "
+    ("pgpgm.steps.refine", None): "robustness.py sidebyside: the module whose refine it wraps (step 3's refinements "
+                                  "counted)",
+    ("pgpgm.steps.posterior", None): "posterior.py: the module whose run_nuts it patches for one fit, to capture "
+                                     "step 4's inputs (model, centre, spreads, options) and time the engines on exactly "
+                                     "the fit's model; posterior_reference.py: the same, to read the numbers of the "
+                                     "fit's step-4 model (data, prior centres) for the independent numpyro model",
+    ("pgpgm.fitting", None): "runaways.py: fit's refine_step wrapped for one fit, so that step 4 starts from issue "
+                             "29's wrong optimum (refined on the fit's own problem)",
+    ("pgpgm.matching.agreement", None): "robustness.py sidebyside: the module whose refine (step 3's) it wraps while a fit "
                               "runs, to count the stop rule's refinements and their noise-sd rounds (where the "
                               "fits' time goes)",
-    ("pgpgm.posterior.nuts", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
+    ("pgpgm.posterior.space", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior.nutpie_engine", None): "posterior.py --compile: the whitened step-4 model and its compilation "
                                              "for nutpie, timed three ways",
-    ("pgpgm.posterior.nuts", "seed_metric"): "posterior.py --compile: the Laplace approximation that whitens the model",
+    ("pgpgm.posterior.space", "seed_metric"): "posterior.py --compile: the Laplace approximation that whitens the model",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
     ("pgpgm.posterior", "problems"): "posterior.py: whether a trace passes step 4's checks",
     ("pgpgm.batch", "fit_and_save"): "batch.py: what a fit_many worker runs per job, for the serial side",

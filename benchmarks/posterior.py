@@ -48,7 +48,7 @@ def step4_inputs(key: str) -> dict:
     """(model, center, sd, keyword arguments) of the default fit's step 4 on a published case."""
     case = harness.published(key, posterior="nuts")
     got = {}
-    module = harness.private("pgpgm.pipeline")
+    module = harness.private("pgpgm.steps.posterior")
     real = module.run_nuts
 
     def capture(model, center, sd, **kw):
@@ -69,7 +69,7 @@ def gradient_cost(model, center) -> float:
     """Median seconds of one compiled log density + gradient at ``center``."""
     fn = model.logp_dlogp_function(ravel_inputs=True)
     fn.set_extra_values({})
-    point = harness.private("pgpgm.posterior.nuts", "ValueSpace")(model).point(center)
+    point = harness.private("pgpgm.posterior.space", "ValueSpace")(model).point(center)
     x = np.concatenate([np.ravel(point[v.name]) for v in model.value_vars])
     return harness.median_time(lambda: fn(x), repeat=200, warmup=5)
 
@@ -107,8 +107,8 @@ def compile_times(key: str, inp: dict, all_ways: bool = True) -> list[dict]:
     import nutpie
 
     engine = harness.private("pgpgm.posterior.nutpie_engine")
-    space = harness.private("pgpgm.posterior.nuts", "ValueSpace")(inp["model"])
-    mean, cov, _ = harness.private("pgpgm.posterior.nuts", "seed_metric")(space, inp["center"], inp["sd"],
+    space = harness.private("pgpgm.posterior.space", "ValueSpace")(inp["model"])
+    mean, cov, _ = harness.private("pgpgm.posterior.space", "seed_metric")(space, inp["center"], inp["sd"],
                                                                           inp["kw"]["covariance"])
     rng = np.random.default_rng(0)
     rows = []

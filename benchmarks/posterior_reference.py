@@ -78,7 +78,7 @@ def fit_captured(case: harness.Published, extra: dict[str, Any], budget,
                  seed: int | None = None, ess: float | None = None) -> tuple[Any, Any, float, float]:
     """``(result, step-4 pm.Model, step-4 seconds, whole fit seconds)`` of ``pgpgm.fit`` (``seed``: the fit's
     seed; None: its default; ``ess``: step 4's ESS target, ``pgpgm.NUTS(ess=)``; None: its default)."""
-    module = harness.private("pgpgm.pipeline")
+    module = harness.private("pgpgm.steps.posterior")
     real, got = module.run_nuts, {}
 
     def capture(model, center, sd, **kw):

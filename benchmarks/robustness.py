@@ -705,8 +705,8 @@ class Breakdown:
     def __enter__(self) -> Breakdown:
         decide = pgpgm.RefinedAgreement.decide
         bd = self
-        self._count_refine(harness.private("pgpgm.stopping"))
-        self._count_refine(harness.private("pgpgm.pipeline"))
+        self._count_refine(harness.private("pgpgm.matching.agreement"))
+        self._count_refine(harness.private("pgpgm.steps.refine"))
 
         def timed_decide(rule, checkpoints, previous):
             w0, c0 = time.perf_counter(), time.process_time()

@@ -73,12 +73,12 @@ def fit_case(name: str, **kw):
         return pgpgm.fit(system, data, list(harness.CHAIN_OBSERVED), seed=0, progressbar=False, **kw)
     if name == "fhn-wrong":
         case = harness.published(harness.MAIN_JOB, seed=0)
-        module = harness.private("pgpgm.pipeline")
+        module = harness.private("pgpgm.fitting")
         real = module.refine_step
         bounds = np.array([case.options["priors"][p] for p in case.spec.system.parameters], float)
 
-        def from_wrong_optimum(prepared, matched, options):
-            refined = real(prepared, matched, options)
+        def from_wrong_optimum(prepared, matched, options, timings):
+            refined = real(prepared, matched, options, timings)
             wrong = pgpgm.refine(refined.problem, np.array(WRONG_THETA), bounds, estimate_noise=True, warn=False)
             return dataclasses.replace(refined, best=wrong)
 

@@ -29,7 +29,7 @@ import traceback
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,10 @@ import pandas as pd
 
 from .errors import DataError, PgpgmError, ResultFileError
 from .ode.system import ODESystem
-from .pipeline import fit
+from .fitting import fit
+from .steps.options import LEGACY_POSTERIOR, NUTS, posterior_option
 from .processes import main_module_hidden
-from .result import check_replaceable, load_result
+from .fit_result import check_replaceable, load_result
 from .spec import ModelSpec, load_model
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
@@ -51,7 +52,8 @@ SUMMARY_FILE = "summary.csv"
 _SET_BY_FIT_MANY = frozenset({"cores", "progressbar"})
 #: fit() options a job may set: every keyword of :func:`pgpgm.fit` but the data's and :data:`_SET_BY_FIT_MANY`;
 #: anything else is a typo caught before the cluster starts
-_FIT_OPTIONS = frozenset(inspect.signature(fit).parameters) - {"system", "data", "observed"} - _SET_BY_FIT_MANY
+_FIT_OPTIONS = ((frozenset(inspect.signature(fit).parameters) | frozenset(LEGACY_POSTERIOR))
+                - {"system", "data", "observed", "legacy"} - _SET_BY_FIT_MANY)
 
 
 def _check_fit_options(options: Mapping[str, Any], who: str) -> None:
@@ -243,6 +245,17 @@ def resolve_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None) -> t
     return system, _as_fit_data(job.data, job.name), kwargs
 
 
+def one_core(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's :func:`pgpgm.fit` options with step 4 on one process (``NUTS(cores=1)``: PyMC's chains one after the
+    other, nutpie's threads sharing the worker's core); the flat step-4 keywords of earlier releases folded into
+    its :class:`~pgpgm.steps.options.NUTS` (with their DeprecationWarning)."""
+    options = dict(options)
+    legacy = {k: options.pop(k) for k in LEGACY_POSTERIOR if k in options}
+    posterior = posterior_option(options.pop("posterior", "nuts"), legacy, who="fit_many's job")
+    options["posterior"] = replace(posterior, cores=1) if isinstance(posterior, NUTS) else posterior
+    return options
+
+
 def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
     """Fit one job in this process as a worker of :func:`fit_many` does: ``cores=1`` (PyMC's NUTS
     chains one after the other; nutpie's chains, threads, share the worker's core), no progress bar,
@@ -258,7 +271,7 @@ def run_job(job: FitJob, fit_defaults: Mapping[str, Any] | None = None):
     system, data, kwargs = resolve_job(job, fit_defaults)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = fit(system, data, job.observed, **kwargs, cores=1, progressbar=False)
+        result = fit(system, data, job.observed, **one_core(kwargs), progressbar=False)
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     return result, messages
 
@@ -298,7 +311,7 @@ def fit_and_save(job: FitJob, out_dir: str | Path, fit_defaults: Mapping[str, An
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, flush it to disk and rename it
     over ``path`` (readers see the old file or the whole new one); anything there but a regular
-    file is refused (:func:`pgpgm.result.check_replaceable`)."""
+    file is refused (:func:`pgpgm.fit_result.check_replaceable`)."""
     check_replaceable(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -124,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="NUTS tuning steps per chain (default 500)")
         q.add_argument("--posterior-chains", type=_count(1), default=4, help="NUTS chains (default 4)")
         q.add_argument("--posterior-rounds", type=_count(1), default=None,
-                       help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.nuts.MAX_ROUNDS)")
+                       help="most NUTS rounds while R-hat, ESS or divergences fail (default: pgpgm.posterior.rounds.MAX_ROUNDS)")
         q.add_argument("--posterior-budget", type=_budget, default=None, metavar="SECONDS",
                        help="step 4's budget in seconds for all NUTS rounds, or 'none' for no limit (default: "
                        "pgpgm.PosteriorBudget(), 60 s and 3000000 gradient evaluations); once spent, the fit returns "
@@ -546,19 +547,13 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
     priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
     per = a.noise_per_experiment
-    options = _posterior_options(a)
-    fit_kwargs = {"draws": draws, "tune": a.tune, "chains": a.chains, "stop": a.stop,
-                  "kernel": a.kernel or case.kernel, "gamma": a.gamma if a.gamma is not None else case.gamma}
-    posterior = (None if options["posterior"] is None else "nuts" if a.posterior_sd_error is None
-                 else _posterior(a, lambda: pgpgm.study.STUDY_BUDGET))
-    budget = {} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]}
     try:
         result = pgpgm.fit_study(spec.system, study, varying=a.varying, hierarchical=hierarchical or None,
-                                 priors=priors, noise=noise or None, seed=a.seed, posterior=posterior,
-                                 posterior_draws=a.posterior_draws, posterior_tune=a.posterior_tune,
-                                 posterior_chains=a.posterior_chains, progressbar=not a.no_progress,
-                                 noise_per_experiment=False if per is None else (per or True),
-                                 fit_kwargs=fit_kwargs, **budget)
+                                 priors=priors, noise=noise or None, seed=a.seed, progressbar=not a.no_progress,
+                                 noise_per_experiment=False if per is None else (per or True), draws=draws,
+                                 tune=a.tune, chains=a.chains, kernel=a.kernel or case.kernel,
+                                 gamma=a.gamma if a.gamma is not None else case.gamma,
+                                 **_posterior_options(a, pgpgm.NUTS(budget=pgpgm.steps.options.STUDY_BUDGET)))
     except (DataError, ModelDefinitionError):
         raise
     except Exception as exc:
@@ -647,27 +642,31 @@ def _batch(a) -> int:
     return 0 if not (table["status"] == "failed").any() else 1
 
 
-def _posterior_options(a) -> dict:
-    # (--stop: step 2's budget, set with the other sampling options)
-    return {"posterior": _posterior(a, lambda: pgpgm.PosteriorBudget()), "posterior_draws": a.posterior_draws,
-            "posterior_tune": a.posterior_tune, "posterior_chains": a.posterior_chains,
-            "stop": a.stop, **({"posterior_rounds": a.posterior_rounds} if a.posterior_rounds else {}),
-            **({} if a.posterior_budget is None else {"posterior_budget": a.posterior_budget[0]})}
+def _posterior_options(a, default: object = None) -> dict:
+    """``--posterior`` and ``--posterior-*`` as :func:`pgpgm.fit`'s ``posterior`` (and ``--stop``, step 2's budget,
+    set with the other sampling options)."""
+    return {"posterior": _posterior(a, default), "stop": a.stop}
 
 
-def _posterior(a: argparse.Namespace, default_budget: Callable[[], object]) -> object:
-    """``--posterior`` as :func:`pgpgm.fit` takes it: None, ``"laplace"``, ``"nuts"``, or - with
-    ``--posterior-sd-error`` - a :class:`pgpgm.NUTS` of every ``--posterior-*`` option (``default_budget()``
-    where ``--posterior-budget`` is not given)."""
+def _posterior(a: argparse.Namespace, default: object = None) -> object:
+    """``--posterior`` as :func:`pgpgm.fit` takes it: None, a :class:`pgpgm.Laplace` of ``--posterior-draws`` x
+    ``--posterior-chains`` draws, or a :class:`pgpgm.NUTS` of the ``--posterior-*`` options given, the others
+    ``default``'s (a :class:`pgpgm.NUTS`; ``pgpgm.NUTS()`` when None)."""
     if a.posterior_sd_error is not None and a.posterior != "nuts":
         raise UsageError(f"--posterior-sd-error is a goal of NUTS's draws; it needs --posterior nuts, not "
                          f"{a.posterior}")
-    if a.posterior_sd_error is None:
-        return None if a.posterior == "none" else a.posterior
-    rounds = a.posterior_rounds or pgpgm.NUTS().rounds
-    return pgpgm.NUTS(a.posterior_draws, a.posterior_tune, a.posterior_chains, rounds,
-                      default_budget() if a.posterior_budget is None else a.posterior_budget[0],
-                      sd_error=a.posterior_sd_error[0])
+    if a.posterior == "none":
+        return None
+    if a.posterior == "laplace":
+        return pgpgm.Laplace(a.posterior_draws * a.posterior_chains)
+    given = {"draws": a.posterior_draws, "tune": a.posterior_tune, "chains": a.posterior_chains}
+    if a.posterior_rounds:
+        given["rounds"] = a.posterior_rounds
+    if a.posterior_budget is not None:
+        given["budget"] = a.posterior_budget[0]
+    if a.posterior_sd_error is not None:
+        given["sd_error"] = a.posterior_sd_error[0]
+    return dataclasses.replace(default or pgpgm.NUTS(), **given)
 
 
 def _sensitivity(a) -> int:

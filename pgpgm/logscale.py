@@ -43,7 +43,7 @@ from .data import Observations, as_observations
 from .errors import DataError
 from .ode.system import ODESystem
 from .ode.transform import LogScale
-from .result import FitResult
+from .fit_result import FitResult
 
 #: the names of the noise models ``noise=...`` takes (:data:`pgpgm.noise.NOISE_MODELS`)
 NOISE_MODELS = tuple(noise_models.NOISE_MODELS)

@@ -242,7 +242,7 @@ FIT_CASES = [
 
 @pytest.mark.parametrize("changes, exc, fragment", [c[1:] for c in FIT_CASES], ids=[c[0] for c in FIT_CASES])
 def test_fit_refuses_bad_arguments_before_any_computation(lv, monkeypatch, changes, exc, fragment):
-    import pgpgm.pipeline as pipeline
+    import pgpgm.steps.match as pipeline
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the GP fit started before the arguments were checked")

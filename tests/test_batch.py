@@ -113,9 +113,9 @@ def test_workers_fit_without_importing_plotting_libraries(batch, client):
     not the arviz meta-package, so each worker's start-up is ~0.8 s of CPU shorter."""
     _, _, table = batch
     assert sorted(table.loc[table["status"] == "ok", "name"]) == ["seed1", "seed2"]
-    loaded = client.run(lambda: sorted(m for m in ("matplotlib", "arviz_plots", "pgpgm.pipeline")
+    loaded = client.run(lambda: sorted(m for m in ("matplotlib", "arviz_plots", "pgpgm.fitting")
                                        if m in __import__("sys").modules))
-    assert any("pgpgm.pipeline" in v for v in loaded.values()), loaded  # a worker did fit
+    assert any("pgpgm.fitting" in v for v in loaded.values()), loaded  # a worker did fit
     assert all(not {"matplotlib", "arviz_plots"} & set(v) for v in loaded.values()), loaded
 
 

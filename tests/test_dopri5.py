@@ -12,7 +12,7 @@ import pytest
 import pgpgm
 from pgpgm import CVODE, DOPRI5, Integrator, ODEOp, ODESolveError, ODESystem
 from pgpgm.solve.numba_op import cache_key
-from pgpgm.study.fit import _step4_solver
+from pgpgm.steps.posterior import study_solver
 from tests.conftest import scipy_reference
 from tests.test_breakpoints import THETA, infusion_exact
 
@@ -229,9 +229,9 @@ def test_a_study_keeps_cvode_where_one_experiment_is_stiff_at_its_optimum():
     nuts = pgpgm.NUTS()
     mild = SimpleNamespace(thetas=np.array([[1.0], [2.0]]), x0s=np.array([[1.0], [1.0]]))
     one_stiff = SimpleNamespace(thetas=np.array([[1.0], [1e6]]), x0s=np.array([[1.0], [1.0]]))
-    assert _step4_solver(nuts, CVODE(), stiff, obs, mild) == nuts.solver_for(CVODE())
-    assert isinstance(_step4_solver(nuts, CVODE(), stiff, obs, mild), DOPRI5)
-    assert _step4_solver(nuts, CVODE(), stiff, obs, one_stiff) == CVODE(rtol=1e-6)
+    assert study_solver(nuts, CVODE(), stiff, obs, mild) == nuts.solver_for(CVODE())
+    assert isinstance(study_solver(nuts, CVODE(), stiff, obs, mild), DOPRI5)
+    assert study_solver(nuts, CVODE(), stiff, obs, one_stiff) == CVODE(rtol=1e-6)
 
 
 @pytest.mark.parametrize("lam", [100.0, 3000.0])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pgpgm
-from pgpgm import pipeline
+from pgpgm.steps import match, options as step_options, posterior, prepare, refine, report
 
 
 @pytest.fixture(scope="module")
@@ -22,27 +22,38 @@ KW = dict(priors=(0.0, 5.0), draws=200, tune=100, seed=3, progressbar=False)
 
 
 def test_option_objects_check_their_values(problem):
-    with pytest.raises(pgpgm.DataError, match="posterior_draws"):
+    with pytest.raises(pgpgm.DataError, match="NUTS draws"):
         pgpgm.NUTS(draws=0)
-    with pytest.raises(pgpgm.DataError, match="nuts_sampler"):
+    with pytest.raises(pgpgm.DataError, match="NUTS sampler"):
         pgpgm.NUTS(sampler="stan")
-    with pytest.raises(pgpgm.DataError, match="posterior_draws"):
+    with pytest.raises(pgpgm.DataError, match="Laplace draws"):
         pgpgm.Laplace(draws=2.5)
     assert pgpgm.NUTS(budget=30).budget == pgpgm.PosteriorBudget.of(30)
     with pytest.raises(pgpgm.DataError, match="pgpgm.NUTS"):
         pgpgm.fit(*problem, posterior="hmc")
 
 
-def test_an_option_object_and_the_flat_arguments_give_the_same_fit(problem):
+def test_the_flat_step4_keywords_of_earlier_releases_warn_and_give_the_same_fit(problem):
+    """``posterior_draws=...`` and the other flat keywords set the NUTS / Laplace fields for one more release, with
+    a DeprecationWarning naming what to write; with an option object too they are an error, an unknown keyword a
+    TypeError as Python gives."""
     system, data = problem
+    with pytest.warns(DeprecationWarning, match=r"posterior=pgpgm.Laplace\(draws=...\)"):
+        flat = pgpgm.fit(system, data, posterior="laplace", posterior_draws=40, posterior_chains=3, **KW)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        flat = pgpgm.fit(system, data, posterior="laplace", posterior_draws=40, posterior_chains=3, **KW)
         obj = pgpgm.fit(system, data, posterior=pgpgm.Laplace(draws=120), **KW)
     for v in ("theta1", "theta2", "theta3", "theta4"):
         np.testing.assert_array_equal(obj.posterior.posterior[v].values, flat.posterior.posterior[v].values)
     np.testing.assert_array_equal(obj.estimates["theta"].values, flat.estimates["theta"].values)
     assert obj.posterior.posterior.sizes["draw"] == 120
+    with pytest.warns(DeprecationWarning, match=r"posterior=pgpgm.NUTS\(draws=0, budget=5\)"):
+        with pytest.raises(pgpgm.DataError, match="NUTS draws"):  # the values are checked as the NUTS fields
+            pgpgm.fit(system, data, posterior_draws=0, posterior_budget=5, **KW)
+    with pytest.raises(pgpgm.DataError, match="both set step 4"):
+        pgpgm.fit(system, data, posterior=pgpgm.NUTS(), cores=1, **KW)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'kernal'"):
+        pgpgm.fit(system, data, kernal="rbf", **KW)
 
 
 def test_the_steps_called_one_by_one_give_fit_and_their_typed_results(problem):
@@ -51,18 +62,17 @@ def test_the_steps_called_one_by_one_give_fit_and_their_typed_results(problem):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole = pgpgm.fit(system, data, posterior=None, **KW)
-        options = pipeline.fit_options(
+        options = step_options.fit_options(
             kernel="rbf", gamma=0.3, priors=KW["priors"], noise_sd=None, draws=KW["draws"], tune=KW["tune"], chains=2,
             seed=KW["seed"], init="spread", scheme="block", refine_x0=True, solver=None, posterior=None,
-            posterior_draws=1, posterior_tune=0, posterior_chains=1, posterior_rounds=1, posterior_budget=None,
-            nuts_sampler="pymc", cores=None, progressbar=False, stop="agree", grid=None)
-        prepared = pipeline.prepare(system, data, None, options, x0=None, noise=None, transform=None, fixed=None,
-                                    true_theta=None)
-        timings = {}
-        matched = pipeline.match(prepared, options, timings, time.perf_counter())
-        refined = pipeline.refine_step(prepared, matched, options)
-        post = pipeline.posterior_step(prepared, matched, refined, options)
-        result = pipeline.report(prepared, matched, refined, post, options, timings)
+            progressbar=False, stop="agree", grid=None)
+        prepared = prepare.prepare(system, data, None, options, x0=None, noise=None, transform=None, fixed=None,
+                                   true_theta=None)
+        timings, started = {}, time.perf_counter()
+        matched = match.match(prepared, options, timings, started)
+        refined = refine.refine_step(prepared, matched, options, timings)
+        post = posterior.posterior_step(prepared, matched, refined, options, timings)
+        result = report.report(prepared, matched, refined, post, options, timings, started)
     np.testing.assert_array_equal(result.estimates["theta"].values, whole.estimates["theta"].values)
     assert result.nll == whole.nll
     run = matched.run

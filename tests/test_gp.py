@@ -10,7 +10,7 @@ from scipy import optimize
 
 from pgpgm import DataError, ModelDefinitionError
 from pgpgm.gp import GPFit, Hyperparameter, Kernel, Scaled, TimeGrid, fit_gp, gradient_matching
-from pgpgm.gp.fit import negative_log_marginal_likelihood
+from pgpgm.gp.hyperparameters import negative_log_marginal_likelihood
 from pgpgm.gp.kernels import _PAIRS_MIN_POINTS, KERNELS
 
 HYPER = {"rbf": [1.3, 0.7], "matern52": [0.8, 1.1], "sigmoid": [1.5, 0.4, 2.0]}

@@ -19,22 +19,23 @@ LAYERS = (
     ("pgpgm.errors",),  # the exceptions and warnings
     ("pgpgm.checks", "pgpgm.progress", "pgpgm.processes"),  # input checks, utilities
     ("pgpgm.codegen",),  # code generation that knows nothing of ODEs
-    ("pgpgm.ode",),  # the model: equations, their kernels
+    ("pgpgm.ode",),  # the model: equations, their compiled functions
     ("pgpgm.solve",),  # ODE solvers, the PyTensor Op
     ("pgpgm.data", "pgpgm.priors", "pgpgm.noise", "pgpgm.observables"),  # measurements, priors, noise models,
     # observables
+    ("pgpgm.refinement",),  # least squares of the ODE solution: step 3, and the tool of step 2's stop rule
     ("pgpgm.gp",),  # step 1
-    ("pgpgm.matching",),  # step 2
-    ("pgpgm.refinement",),  # step 3
+    ("pgpgm.matching",),  # step 2, its stop rules among it
     ("pgpgm.posterior",),  # step 4
-    ("pgpgm.stopping",),  # step 2's default stop rule, which runs step 3's refinement
     ("pgpgm.plots", "pgpgm.sensitivity"),
-    ("pgpgm.result",),
+    ("pgpgm.fit_result",),
     ("pgpgm.logscale",),  # lognormal and log-transformed states: the problem on the log scale and back
     ("pgpgm.simulate",),
     ("pgpgm.spec", "pgpgm.datasets"),
-    ("pgpgm.pipeline",),  # fit
-    ("pgpgm.study",),  # many experiments in one fit (steps 1-2 by fit), hierarchical models
+    ("pgpgm.study",),  # many experiments: their design, the joint least squares, the joint pm.Model
+    ("pgpgm.study_result",),
+    ("pgpgm.steps",),  # the steps of a fit: options, prepare, match, refine, posterior, report
+    ("pgpgm.fitting",),  # fit and fit_study, compositions of the steps
     ("pgpgm.batch", "pgpgm.versions"),
     ("pgpgm",),  # the package's public API, loaded on first use
     ("pgpgm.cli",),  # the command line, on the public API
@@ -137,7 +138,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_circle_between_pgpgm_modules():
     graph = _graph()
-    assert len(graph) > 30 and "pgpgm.matching.density" in graph["pgpgm.pipeline"]
+    assert len(graph) > 30 and "pgpgm.matching.density" in graph["pgpgm.steps.match"]
     assert _cycles(graph) == []
 
 
@@ -170,12 +171,12 @@ def test_the_layout_checks_see_a_deferred_import_and_an_upward_one(tmp_path, mon
 
     copy = tmp_path / "pgpgm"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "gp" / "extra.py").write_text("from ..pipeline import fit\n\n\ndef f():\n    from ..result import FitResult\n")
+    (copy / "gp" / "extra.py").write_text("from ..fitting import fit\n\n\ndef f():\n    from ..fit_result import FitResult\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", copy)
     found = _imports()
-    assert ("pgpgm.gp.extra", "pgpgm.result", ("FitResult",), "function") in found
-    assert ("pgpgm.gp.extra", "pgpgm.pipeline", ("fit",), "module") in found
-    assert _layer("pgpgm.gp.extra")[0] < _layer("pgpgm.pipeline")[0]
+    assert ("pgpgm.gp.extra", "pgpgm.fit_result", ("FitResult",), "function") in found
+    assert ("pgpgm.gp.extra", "pgpgm.fitting", ("fit",), "module") in found
+    assert _layer("pgpgm.gp.extra")[0] < _layer("pgpgm.fitting")[0]
 
 
 def test_every_public_name_resolves_and_functions_keep_their_module_names():
@@ -210,3 +211,38 @@ def test_import_and_the_cli_help_load_no_heavy_library(code):
         HEAVY,)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [], out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def _mapped_tree() -> list[str]:
+    """The module paths (``pgpgm/...``, folders ending in ``/``) that docs/architecture.md's tree lists, in order."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    block = page.split("```text\n", 1)[1].split("```", 1)[0]
+    out, folders = [], []
+    for line in block.splitlines()[1:]:  # the first line is "pgpgm/"
+        for marker in ("├── ", "└── "):
+            if marker in line:
+                depth = line.index(marker) // 4
+                name = line.split(marker, 1)[1].split()[0]
+                folders[depth:] = [name] if name.endswith("/") else []
+                out.append("pgpgm/" + "".join(folders[:depth]) + name)
+    return out
+
+
+def test_the_package_map_lists_every_module_in_the_order_of_the_layers():
+    """docs/architecture.md's tree names every module of the package and no other, and the layers appear in
+    it in the order of :data:`LAYERS` (a newcomer reads the pipeline from the page as the code has it)."""
+    mapped = _mapped_tree()
+    files = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
+    assert {m for m in mapped if m.endswith(".py")} == files
+    order = [_layer(m.removesuffix("/").removesuffix(".py").replace("/", "."))[0] for m in mapped
+             if m.count("/") == 1 and m != "pgpgm/__init__.py"]
+    assert order == sorted(order)
+
+
+def test_the_map_reader_sees_a_missing_module(monkeypatch, tmp_path):
+    """The check above can fail: a copy of the page without one module is told apart from the package."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(page.replace("│   ├── budget.py", "│   ├── budgets.py"))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "pgpgm")
+    assert "pgpgm/posterior/budgets.py" in _mapped_tree() and "pgpgm/posterior/budget.py" not in _mapped_tree()

@@ -18,7 +18,8 @@ from scipy.integrate import solve_ivp
 import pgpgm
 from pgpgm.datasets import influenza_boarding_school, theophylline, theophylline_inputs
 from pgpgm.errors import DataError
-from pgpgm.posterior.nuts import ValueSpace, build_ode_model
+from pgpgm.posterior.space import ValueSpace
+from pgpgm.posterior.model import build_ode_model
 from pgpgm.refinement import LeastSquaresProblem, refine
 
 PK = pgpgm.load_model("pk-oral").system

@@ -27,7 +27,8 @@ import pgpgm
 from pgpgm.errors import DataError, ModelDefinitionError, PgpgmError
 from pgpgm.matching.target import GradientMatchingTarget
 from pgpgm.observables import Observables
-from pgpgm.posterior.nuts import ValueSpace, build_ode_model
+from pgpgm.posterior.space import ValueSpace
+from pgpgm.posterior.model import build_ode_model
 from pgpgm.refinement import ObservablesProblem, refine
 from pgpgm.solve import Integrator
 
@@ -229,7 +230,7 @@ def test_without_a_matched_observable_step3_starts_from_the_prior_box():
     est = result.estimates
     np.testing.assert_allclose(est["theta"].sel(estimate="refined").values, ref.x, rtol=2e-5)
     np.testing.assert_allclose(est.attrs["refinement_cost"], ref.cost, rtol=1e-6)
-    assert est.sizes["start"] == pgpgm.pipeline.BOX_STARTS
+    assert est.sizes["start"] == pgpgm.steps.refine.BOX_STARTS
     assert "steps 1-2 skipped" in est.attrs["sampling_stop_reason"]
     assert result.gradient_matching is None and result.n_ode_solves["sampling"] == 0
     why = json.loads(est.attrs["observables_in_steps_1_2"])
@@ -444,7 +445,7 @@ def test_step4_logp_is_the_hand_computed_posterior(noise):
     ("C", ModelDefinitionError, "non-empty mapping"),
 ])
 def test_bad_observables_are_clear_errors(observables, error, words, monkeypatch):
-    monkeypatch.setattr(pgpgm.pipeline, "match", _no_compiled_code)  # raised before steps 1-2 start
+    monkeypatch.setattr(pgpgm.fitting, "match", _no_compiled_code)  # raised before steps 1-2 start
     with pytest.raises(error, match=words):
         pgpgm.fit(SYSTEM, _data(), observables=observables, progressbar=False)
 
@@ -454,7 +455,7 @@ def _no_compiled_code(*args, **kwargs):
 
 
 def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
-    monkeypatch.setattr(pgpgm.pipeline, "match", _no_compiled_code)
+    monkeypatch.setattr(pgpgm.fitting, "match", _no_compiled_code)
     d = _data()
     wide = {"time": TIMES, **{n: d["y"].sel(observed=n).values for n in OBSERVABLES}}
     cases = [

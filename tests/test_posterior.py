@@ -10,7 +10,8 @@ import pgpgm
 from pgpgm.data import as_observations
 from pgpgm.errors import DataError
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose
-from pgpgm.posterior.nuts import build_ode_model, sample_posterior
+from pgpgm.posterior.model import build_ode_model
+from pgpgm.posterior.rounds import sample_posterior
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
 T = np.linspace(0, 3, 12)
@@ -179,7 +180,7 @@ def test_prior_terms_are_float64_and_exact():
     """Every term of the ODE model's log density is float64 and equals scipy's: a Uniform(0, 5)
     prior is -log 5, the noise sd's LogNormal prior scipy's lognorm (PyTensor makes Python-float
     bounds float32 constants otherwise: -log 5 off by 1e-8)."""
-    from pgpgm.posterior.nuts import NOISE_PRIOR_LOG_SD
+    from pgpgm.posterior.model import NOISE_PRIOR_LOG_SD
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_center=[0.2])
@@ -196,8 +197,8 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
     """fit(posterior_rounds=...) reaches run_nuts' max_rounds; both default to MAX_ROUNDS."""
     import inspect
 
-    import pgpgm.pipeline
-    from pgpgm.posterior.nuts import MAX_ROUNDS, run_nuts
+    import pgpgm.steps.posterior
+    from pgpgm.posterior.rounds import MAX_ROUNDS, run_nuts
 
     seen = []
 
@@ -205,7 +206,7 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
         seen.append(kwargs.get("max_rounds"))
         return run_nuts(*args, **kwargs)
 
-    monkeypatch.setattr(pgpgm.pipeline, "run_nuts", recording)
+    monkeypatch.setattr(pgpgm.steps.posterior, "run_nuts", recording)
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
     with warnings.catch_warnings():
@@ -395,7 +396,7 @@ def test_a_centre_on_the_prior_bound_still_samples():
 
 def test_log_scale_names_and_bad_log_scale():
     from pgpgm.errors import DataError
-    from pgpgm.posterior.nuts import log_scale_names
+    from pgpgm.posterior.model import log_scale_names
     from pgpgm.priors import Priors
 
     pri = Priors.from_user(["a", "b", "c", "d"], {"a": (0.0, 10.0), "b": (0.0, 10.0), "c": (1.0, 10.0),
@@ -416,7 +417,7 @@ def test_chains_around_a_centre_on_the_bound_start_inside_the_box():
     noise, seed 4) has no finite log density on the log scale: it was the last-resort start of a chain
     whose draws all fell outside the box, and the fit ended with "Bad initial energy". Draws outside the
     box are mirrored inside: every start has a finite density and lies below the bound."""
-    from pgpgm.posterior.nuts import ValueSpace, dispersed_starts
+    from pgpgm.posterior.space import ValueSpace, dispersed_starts
 
     obs = _decay_data(0.98, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 1.0)}, noise_sd=[SD], log_scale=["k"])
@@ -436,7 +437,7 @@ def test_a_last_draw_rounded_onto_the_bound_still_continues():
     box by a negligible step; a draw inside it is kept as it is."""
     import xarray as xr
 
-    from pgpgm.posterior.nuts import ValueSpace, continuing_starts, pooled_covariance
+    from pgpgm.posterior.space import ValueSpace, continuing_starts, pooled_covariance
 
     obs = _decay_data(0.98, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 1.0)}, noise_sd=[SD], log_scale=["k"])
@@ -458,7 +459,7 @@ def test_a_last_draw_rounded_onto_the_bound_still_continues():
 def test_pooled_covariance_is_the_covariance_of_the_transformed_draws():
     import xarray as xr
 
-    from pgpgm.posterior.nuts import ValueSpace, pooled_covariance
+    from pgpgm.posterior.space import ValueSpace, pooled_covariance
 
     obs = _decay_data(0.8, 2.0, seed=3)
     model, _ = build_ode_model(DECAY, obs, x0=[np.nan], priors={"k": (0.0, 5.0)}, noise_center=[0.2])
@@ -548,7 +549,7 @@ def test_step4_compiled_once_serves_a_second_data_set_with_its_own_numbers(fhn):
     from numba.core import event
     from pymc.blocking import DictToArrayBijection
 
-    from pgpgm.posterior.nuts import ValueSpace
+    from pgpgm.posterior.space import ValueSpace
     from pgpgm.priors import SOFT_WALL_SHARPNESS
 
     c = fhn.case("R-observed")
@@ -590,7 +591,7 @@ def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
     [draws, 4 draws]: 500 draws with ESS 412 (FitzHugh-Nagumo V seed 4) -> 971; 2000 draws with
     ESS 54 -> the cap 2000; 2000 draws with ESS 5000 -> the floor 500; an ESS of 0 counts as 1."""
     from pgpgm.posterior.diagnostics import ESS_MIN
-    from pgpgm.posterior.nuts import ROUND_ESS_MARGIN, next_round_draws
+    from pgpgm.posterior.rounds import ROUND_ESS_MARGIN, next_round_draws
 
     assert ROUND_ESS_MARGIN * ESS_MIN == 800
     assert next_round_draws(500, 412.0, 500) == int(np.ceil(500 * 800 / 412))
@@ -604,11 +605,11 @@ def test_a_further_round_is_sized_from_the_last_rounds_ess_per_draw():
 
 
 def _recording_rounds(monkeypatch, mark=None, rhat1=None, mixing=None, forced=2):
-    """Patch pgpgm.posterior.nuts so that every pm.sample call is recorded (``calls``: its arguments and
+    """Patch pgpgm.posterior.rounds so that every pm.sample call is recorded (``calls``: its arguments and
     tree), the checks fail ``forced`` times (``checks``: the diagnostics judged), every pooled covariance
     is seen (``seen``); ``mark`` (call number, chain, draw) marks a divergence in a call's tree, ``rhat1``
     replaces the first round's R-hat, ``mixing`` (a list of bools) forces the answers of mixing_problems."""
-    import pgpgm.posterior.nuts as post_mod
+    import pgpgm.posterior.rounds as post_mod
 
     calls, checks, seen, asked = [], [], [], []
     real_sample, real_problems, real_mixing = post_mod.pm.sample, post_mod.problems, post_mod.mixing_problems
@@ -670,7 +671,8 @@ def test_further_rounds_extend_the_chains_and_are_judged_together(monkeypatch, c
     import xarray as xr
 
     from pgpgm.posterior.diagnostics import mixing_problems
-    from pgpgm.posterior.nuts import RHAT_CARRY, ValueSpace, next_round_draws, pooled_covariance
+    from pgpgm.posterior.rounds import RHAT_CARRY, next_round_draws
+    from pgpgm.posterior.space import ValueSpace, pooled_covariance
 
     assert RHAT_CARRY == 1.05
     calls, checks, seen = _recording_rounds(monkeypatch, mark=(2, 1, 7) if case == "diverge" else None,
@@ -727,7 +729,7 @@ def _min_ess(diag) -> float:
 def test_nuts_rtol_is_checked_and_reaches_the_step4_model(monkeypatch):
     """``pgpgm.NUTS(rtol=...)``: a number in (0, 1) or None; step 4's model solves at that relative
     tolerance with the fit's solver's atol, and None leaves the fit's solver as it is."""
-    import pgpgm.pipeline as pipeline
+    import pgpgm.steps.posterior as pipeline
 
     for bad in (0.0, 1.0, -1e-6, "1e-6"):
         with pytest.raises(DataError, match="NUTS rtol"):
@@ -766,7 +768,8 @@ def test_step4_log_density_at_the_default_tolerance_against_a_tight_solve():
     atol = 1e-12: FitzHugh-Nagumo with R observed (V latent), at the truth and at points 20 % off it,
     moves the log density by < 1e-3 nats
     and its gradient by < 1e-3 of its size - far below what NUTS or a posterior sd notice."""
-    from pgpgm.posterior.nuts import POSTERIOR_RTOL, ValueSpace
+    from pgpgm.posterior.rounds import POSTERIOR_RTOL
+    from pgpgm.posterior.space import ValueSpace
 
     m = pgpgm.load_model("fitzhugh-nagumo")
     case = m.cases["R-observed"]
@@ -818,7 +821,7 @@ def test_positive_initial_values_are_those_near_zero_of_states_kept_positive():
     """SIR: I refined at 0.3 +- 0.2 (within 5 se of 0) is sampled on the log scale, and so is an I with an
     unknown se; S at 762 +- 5 is far from 0 (its own scale), R is not kept positive by the equations
     (R' = gamma I), a negative refined value is left as it is."""
-    from pgpgm.posterior.nuts import POSITIVE_X0_SE, positive_initial_values
+    from pgpgm.posterior.model import POSITIVE_X0_SE, positive_initial_values
 
     sir = pgpgm.load_model("sir").system
     assert POSITIVE_X0_SE == 5.0
@@ -831,7 +834,7 @@ def test_positive_initial_values_are_those_near_zero_of_states_kept_positive():
 
 def test_evenly_spaced_rows_index_as_a_slice():
     """``as_slice``: the same rows, by a slice where they are evenly spaced (basic indexing compiles fast)."""
-    from pgpgm.posterior.nuts import as_slice
+    from pgpgm.posterior.model import as_slice
 
     values = np.arange(100.0) ** 2
     for rows in (np.arange(7), np.arange(3, 40, 4), np.array([5]), np.array([0, 2, 3, 4]), np.array([], int)):

@@ -178,7 +178,7 @@ def test_masked_refinement_and_posterior_likelihood_equal_numpy(lv):
 
 def _value_point(model, point):
     """Value-space point of constrained values (interval transform of the Uniform priors)."""
-    from pgpgm.posterior.nuts import ValueSpace
+    from pgpgm.posterior.space import ValueSpace
 
     return ValueSpace(model).point(point)
 

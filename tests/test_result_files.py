@@ -20,7 +20,7 @@ import xarray as xr
 
 import pgpgm
 from pgpgm.errors import PgpgmError, ResultFileError
-from pgpgm.result import CHECKSUM_ATTR, FitResult, _to_tree, load_result
+from pgpgm.fit_result import CHECKSUM_ATTR, FitResult, _to_tree, load_result
 
 HERE = Path(__file__).resolve().parent
 
@@ -126,7 +126,7 @@ def test_round_trip_keeps_gradient_matching_and_diagnostics_identical(result, tm
 def test_save_checks_the_stored_checksum_against_a_full_reread(saved):
     """save() reads the data back once (to compute the digest) and checks the stored digest;
     load_result's independent full pass agrees with it."""
-    from pgpgm.result import _digest, _verify
+    from pgpgm.fit_result import _digest, _verify
 
     with h5netcdf.File(saved, "r") as f:
         stored, actual = f.attrs[CHECKSUM_ATTR], _digest(f)
@@ -286,7 +286,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # fork() in a pr
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from test_result_files import make_result, same_result
-from pgpgm.result import _to_tree, load_result
+from pgpgm.fit_result import _to_tree, load_result
 
 folder, runs = sys.argv[2], json.loads(sys.argv[3])
 old, new = make_result(1), make_result(2)

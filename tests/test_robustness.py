@@ -202,7 +202,7 @@ def test_the_side_by_side_reruns_the_references_own_starts():
         row = rb.side_by_side_problem(problem, ref, [rb.fit_by_id("fhn-010-sigmoid-s0")], 4, bd)
     assert (pgpgm.RefinedAgreement.decide, pgpgm.LeastSquaresProblem.jacobian,
             pgpgm.LeastSquaresProblem.residuals) == methods
-    assert pgpgm.stopping.refine is pgpgm.refine and pgpgm.pipeline.refine is pgpgm.refine
+    assert pgpgm.matching.agreement.refine is pgpgm.refine and pgpgm.steps.refine.refine is pgpgm.refine
     assert [s["index"] for s in row["starts"]] == rb.sample_indices(500, 4, problem.data_seed)
     assert all(s["reproduced"] for s in row["starts"]), row["starts"]
     assert [s["stored_nll"] for s in row["starts"]] == [ref["nll_starts"][s["index"]] for s in row["starts"]]

@@ -441,7 +441,7 @@ def test_fit_runs_either_scheme_and_checks_it_before_the_gp_fit(monkeypatch):
         settings = json.loads(r.gradient_matching.attrs["pgpgm_settings"])
         assert settings["scheme"] == (scheme if isinstance(scheme, str) else "block") and settings["cores"] == 1
         assert stat in r.gradient_matching.sample_stats
-    monkeypatch.setattr(pgpgm.pipeline, "fit_gps", lambda *a, **k: pytest.fail("the GP fit ran before the check"))
+    monkeypatch.setattr(pgpgm.steps.match, "fit_gps", lambda *a, **k: pytest.fail("the GP fit ran before the check"))
     with pytest.raises(DataError, match="scheme must be one of \\['block', 'elementwise'\\]"):
         pgpgm.fit(system, data, ["x"], scheme="nuts", **kw)
 

@@ -9,13 +9,16 @@ import xarray as xr
 import pytest
 
 import pgpgm
-import pgpgm.pipeline as pipeline
+import pgpgm.steps.posterior as pipeline
 from pgpgm.refinement.bounds import bound_report
 from pgpgm.data import as_observations
 from pgpgm.posterior.diagnostics import ConvergenceWarning, diagnose, find_modes, problems
 from pgpgm.errors import DataError
-from pgpgm.posterior.nuts import (TARGET_ACCEPT_MAX, BudgetMeter, PosteriorBudget, build_ode_model, join_waves,
-                             posterior_notes, sample_posterior)
+from pgpgm.posterior.pymc_engine import TARGET_ACCEPT_MAX, join_waves
+from pgpgm.posterior.budget import BudgetMeter, PosteriorBudget
+from pgpgm.posterior.model import build_ode_model
+from pgpgm.posterior.diagnostics import posterior_notes
+from pgpgm.posterior.rounds import sample_posterior
 
 DECAY = pgpgm.ODESystem.from_equations({"x": "-k*x"}, ["k"], name="decay")
 #: a mirror symmetry: the solution depends on k only through k^2, so k and -k fit equally well
@@ -96,7 +99,7 @@ def test_further_rounds_cap_the_step_size_target(monkeypatch):
     checks are made to fail every round here (``problems`` patched) so that three rounds run (PyMC's
     engine: nutpie, the default where every value variable is a scalar, runs no rounds but one further run,
     at 0.99, for divergences)."""
-    import pgpgm.posterior.nuts as posterior
+    import pgpgm.posterior.rounds as posterior
 
     made, funcs, compiled = [], [], []
     real = posterior.pm.NUTS
@@ -149,10 +152,10 @@ def test_a_round_the_budget_cannot_afford_is_not_started():
 
 
 def test_fit_takes_and_checks_a_posterior_budget():
-    with pytest.raises(DataError, match="posterior_budget"):
-        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior_budget="1 minute")
+    with pytest.raises(DataError, match=r"NUTS\(budget=...\)"):
+        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior=pgpgm.NUTS(budget="1 minute"))
     with pytest.raises(DataError, match="seconds"):
-        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior_budget=-5)
+        pgpgm.fit(DECAY, {"time": T, "x": np.exp(-T)}, ["x"], posterior=pgpgm.NUTS(budget=-5))
 
 
 # ---------------------------------------------------------------- separate modes
@@ -265,7 +268,8 @@ def test_the_time_before_sampling_counts_but_leaves_sampling_a_share():
     """run_nuts(started=): the budget's seconds count from when step 4 began (fit: before building the model,
     whose solve compiles on a cold cache); 9 s spent before a 4 s budget still leave MIN_SAMPLING_SHARE (1 s)
     to sampling, and 2 s spent before an 8 s budget leave 6 s."""
-    from pgpgm.posterior.nuts import MIN_SAMPLING_SHARE, run_nuts
+    from pgpgm.posterior.budget import MIN_SAMPLING_SHARE
+    from pgpgm.posterior.rounds import run_nuts
 
     model, layout, center, sd = _decay_model()
     run_nuts(model, center, sd, draws=20, tune=20, chains=1, cores=1, progressbar=False, warn=False)  # compiled
@@ -357,7 +361,7 @@ def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):
     """Four chains on two processes with a budget run as two waves of two chains, one pymc.sample call
     each, every chain with its own random stream and start: the same draws as the four chains sampled
     in one call (here one process, cores=1), when the budget does not bind."""
-    import pgpgm.posterior.nuts as nuts
+    import pgpgm.posterior.pymc_engine as nuts
 
     model, layout, center, sd = _decay_model()
     kw = dict(draws=60, tune=60, chains=4, seed=3, progressbar=False, warn=False, max_rounds=1,

@@ -15,7 +15,7 @@ import pytest
 import pgpgm
 from pgpgm.errors import DataError
 from pgpgm.posterior.diagnostics import diagnose
-from pgpgm.posterior.nuts import run_nuts
+from pgpgm.posterior.rounds import run_nuts
 
 K = 4
 NAMES = [f"x{i}" for i in range(K)]
@@ -74,7 +74,7 @@ def test_laplace_metric_is_held_fixed_while_adapt_adapts():
         QuadPotentialFullAdapt,
     )
 
-    from pgpgm.posterior.nuts import ValueSpace, seeded_potential
+    from pgpgm.posterior.space import ValueSpace, seeded_potential
 
     space = ValueSpace(model)
     center = {n: 0.0 for n in NAMES}

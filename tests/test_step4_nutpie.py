@@ -27,7 +27,9 @@ from pgpgm.posterior.nutpie_engine import (
     equal_chains,
     whitened_model,
 )
-from pgpgm.posterior.nuts import PosteriorBudget, build_ode_model, sample_posterior
+from pgpgm.posterior.budget import PosteriorBudget
+from pgpgm.posterior.model import build_ode_model
+from pgpgm.posterior.rounds import sample_posterior
 
 pytest.importorskip("nutpie")
 
@@ -435,7 +437,7 @@ def test_auto_runs_nutpie_where_every_value_variable_is_a_scalar():
     vector-valued variable (a study's random effects), which the whitening does not cover."""
     import pymc as pm
 
-    from pgpgm.posterior.nuts import auto_sampler
+    from pgpgm.posterior.rounds import auto_sampler
 
     assert pgpgm.NUTS().sampler == "auto"
     model, center, sd = _decay_model()
@@ -494,7 +496,8 @@ def test_divergences_in_draws_that_pass_bring_one_run_at_the_highest_target_wher
     TARGET_ACCEPT_MAX (smaller steps) follows and its draws, passing too, are the result (round 2 kept); v's
     marginal is Normal(0, 1.5). With a gradient budget of twice the first run's, which cannot afford
     DIVERGENCE_RUN_COST times it, the first run's draws are the result and the warning names the divergences."""
-    from pgpgm.posterior.nuts import DIVERGENCE_RUN_COST, TARGET_ACCEPT_MAX
+    from pgpgm.posterior.rounds import DIVERGENCE_RUN_COST
+    from pgpgm.posterior.pymc_engine import TARGET_ACCEPT_MAX
 
     model, center, sd = _funnel()
     with warnings.catch_warnings():
@@ -527,7 +530,7 @@ def test_draws_that_pass_go_on_until_every_sd_is_known_to_the_goal():
     3 % (ArviZ's mcse of the sd, recomputed here) with more draws than sd_error=None's, and the sd is within 3
     of those errors of the exact one. With a gradient budget the extension stops by SHARPEN_SHARE of it and
     the draws that passed come back with no budget stop recorded."""
-    from pgpgm.posterior.nuts import SHARPEN_SHARE
+    from pgpgm.posterior.budget import SHARPEN_SHARE
 
     with pm.Model() as model:
         pm.StudentT("t", nu=5.0, mu=0.0, sigma=1.0)

@@ -16,7 +16,7 @@ from pgpgm.priors import Priors
 from pgpgm.refinement import LeastSquaresProblem, refine
 from pgpgm.matching import Block, Elementwise, GradientMatchingTarget
 from pgpgm.matching.stop import Checkpoint, Decision
-from pgpgm.stopping import RefinedAgreement
+from pgpgm.matching.agreement import RefinedAgreement
 
 
 @dataclass(frozen=True)

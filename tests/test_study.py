@@ -311,7 +311,7 @@ def test_an_unconverged_study_posterior_names_what_the_data_leave_open():
     """x' = -(a + b) x determines a + b alone: the joint refinement's standard errors of a and b are
     infinite, and when step 4's chains then mix poorly (here a small budget) the study's ConvergenceWarning
     says that the data do not determine a and b, and what to do."""
-    from pgpgm.posterior.nuts import PosteriorBudget
+    from pgpgm.posterior.budget import PosteriorBudget
 
     system = pgpgm.ODESystem.from_equations({"x": "-(a + b)*x"}, ["a", "b"], name="sum-decay")
     t = np.linspace(0.0, 3.0, 15)

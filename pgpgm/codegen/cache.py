@@ -1,6 +1,6 @@
 """Where the compiled kernels of each ODE system live on disk, so a new process reuses them.
 
-The kernels of a system (:mod:`pgpgm.ode.kernels`) are written as Python source to a module
+The kernels of a system (:mod:`pgpgm.ode.functions`) are written as Python source to a module
 file named by a hash of that source - which holds the equations, their derivatives and the
 state and parameter positions - and of the versions of pgpgm's compiled code, numba and
 Python. The module's functions are compiled with numba's ``cache=True``, so numba stores the
@@ -30,7 +30,7 @@ import numba
 
 #: pgpgm source files whose code is compiled into (or called from) the cached kernels; a
 #: change in any of them gives every system new keys.
-_COMPILED_SOURCES = ("codegen/printer.py", "codegen/templates.py", "ode/kernels.py", "solve/native.py",
+_COMPILED_SOURCES = ("codegen/printer.py", "codegen/templates.py", "ode/functions.py", "solve/native.py",
                      "solve/cvode.py", "solve/dopri5.py", "solve/numba_op.py", "matching/compiled.py")
 _PACKAGE = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """sympy expressions to numba source that never raises.
 
-The generated kernels (:mod:`pgpgm.ode.kernels`, :mod:`pgpgm.gp.kernels`) are compiled with numba's
+The generated kernels (:mod:`pgpgm.ode.functions`, :mod:`pgpgm.gp.kernels`) are compiled with numba's
 ``error_model="numpy"`` (a division by zero gives inf, a square root of a negative number nan), and
 printed so that no numba operation raises either (:class:`KernelPrinter`). Differentiating ``abs``,
 ``min``, ``max`` and ``where`` gives ``sign``, ``Heaviside`` and ``Piecewise`` terms, printed as

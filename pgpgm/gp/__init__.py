@@ -1,6 +1,6 @@
 """Step 1: a Gaussian process per observed state (fit) and the gradient-matching matrices (matching)."""
 
-from .fit import GPFit, fit_gp
+from .hyperparameters import GPFit, fit_gp
 from .kernels import KERNELS, Hyperparameter, Kernel, Scaled, TimeGrid, get_kernel
 from .matching import GradientMatching, gradient_matching
 

@@ -247,7 +247,7 @@ def _pairs_source(exprs: Sequence[sp.Expr], stationary: bool, hyper: Sequence[sp
     ``ta`` (NA,), ``tb`` (NB,), ``h`` (H,) and every ``out_m`` (NA, NB) float64, C-contiguous).
     Their common subexpressions are computed once (:func:`sympy.cse`), each where it first can be:
     those of h alone once, those of a alone once per row, those of b alone once per column (kept in an
-    array), the rest per pair. Printed as the ODE kernels are (:mod:`pgpgm.ode.kernels`: numba
+    array), the rest per pair. Printed as the ODE kernels are (:mod:`pgpgm.ode.functions`: numba
     never raises; 1/0 gives inf). Raises ``PrintMethodNotImplementedError`` for a function numba
     code cannot express.
     """

@@ -21,7 +21,7 @@ from ..errors import DataError
 from .linalg import jittered_cholesky, limit_blas_threads
 
 if TYPE_CHECKING:
-    from .fit import GPFit
+    from .hyperparameters import GPFit
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class GradientMatching:
         ----------
         gamma : mismatch variance between the ODE gradient and the GP gradient,
             (state units / time)^2, >= 0
-        blas_threads : BLAS threads (see :mod:`pgpgm.gp.fit`); None leaves the process setting unchanged.
+        blas_threads : BLAS threads (see :mod:`pgpgm.gp.hyperparameters`); None leaves the process setting unchanged.
         """
         if not gamma >= 0:
             raise DataError(f"gamma must be non-negative, got {gamma}")
@@ -73,7 +73,7 @@ def gradient_matching(fit: GPFit, t, *, min_jitter: float = 1e-6,
     t : (N,) strictly increasing times (time units)
     min_jitter : smallest jitter (relative to the mean prior variance) added to C;
         smooth kernels on dense grids are otherwise numerically singular.
-    blas_threads : BLAS threads (see :mod:`pgpgm.gp.fit`); None leaves the process setting unchanged.
+    blas_threads : BLAS threads (see :mod:`pgpgm.gp.hyperparameters`); None leaves the process setting unchanged.
     """
     t = check_times(t, min_points=3)
     C, dC_da, dC_db, d2C = fit.kernel.cov_grad(t, t, fit.hyper)

@@ -10,7 +10,7 @@ step inside ``pm.sample``).
 
 from .block import BlockInfo, BlockParams, Coordinates, block_step
 from .driver import MatchingRun, run_chains, sample
-from .kernel import ChainState, StepInfo, StepParams, step
+from .elementwise import ChainState, StepInfo, StepParams, step
 from .pymc_step import GradientMatchingStep
 from .schemes import Block, Elementwise, get_scheme
 from .target import GradientMatchingTarget

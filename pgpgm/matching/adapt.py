@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .block import BlockInfo, BlockParams
-from .kernel import StepInfo, StepParams
+from .elementwise import StepInfo, StepParams
 
 TARGET_ACCEPT = 0.44
 WINDOW = 50

@@ -2,7 +2,7 @@
 
 ``block_step(rng, state, params, target) -> (state, info)``, one iteration:
 
-1. the state sweep of the element-wise scheme (:func:`~pgpgm.matching.kernel.sweep_states`);
+1. the state sweep of the element-wise scheme (:func:`~pgpgm.matching.elementwise.sweep_states`);
 2. ``params.n_moves`` times, a joint move of z = (the parameters in log coordinates
    (:class:`Coordinates`), and with latent states the observed states' values at
    ``times[0]``): z' = z + scale L e with e standard normal, L L^T the proposal
@@ -41,7 +41,7 @@ import numba
 import numpy as np
 
 from .conditional import conditional_gaussian
-from .kernel import ChainState, refresh, sweep_states
+from .elementwise import ChainState, refresh, sweep_states
 from .target import GradientMatchingTarget
 
 

@@ -4,7 +4,7 @@ The state sweep of the element-wise scheme and the Jacobian on the time grid of 
 call the model's right-hand side (or its Jacobian) in a loop. They are written once as templates
 taking that function as an argument; :func:`model_sweeps` specialises them to one model
 (:func:`pgpgm.codegen.templates.specialise`) in a generated module that imports the model's kernels
-(:mod:`pgpgm.ode.kernels`) by name, so numba caches them on disk (:mod:`pgpgm.codegen.cache`).
+(:mod:`pgpgm.ode.functions`) by name, so numba caches them on disk (:mod:`pgpgm.codegen.cache`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..codegen import cache as kernel_cache
 from ..codegen.templates import specialise
-from ..ode.kernels import ModelKernels
+from ..ode.functions import ModelKernels
 
 
 @dataclass(frozen=True)

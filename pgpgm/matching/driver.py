@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from ..errors import DataError, PgpgmError, SamplingError
 from ..progress import compiling
 from .density import GradientMatchingDensity
-from .kernel import init as init_state
+from .elementwise import init as init_state
 from .schemes import Block, Elementwise, get_scheme, initial_params
 from .start import Starts, chain_strategy
 from .stop import Checkpoint, Decision, StopRule, check_stop_rule
@@ -61,7 +61,7 @@ def chain_iterations(target: GradientMatchingTarget, theta0, draws: int, tune: i
                      progress=None, state_scale=None, param_scale=None, scheme: Elementwise | Block | str = "block",
                      checks: Sequence[int] = (), chain: int = 0) -> Generator[Checkpoint, bool | None, dict]:
     """One chain as a generator: after each iteration count in ``checks`` (ascending, below
-    ``tune + draws``) it yields a :class:`~pgpgm.stopping.Checkpoint` (means over
+    ``tune + draws``) it yields a :class:`~pgpgm.matching.agreement.Checkpoint` (means over
     the latter half of the chain so far, ``min(n // 2, tune)`` to n) and is resumed with
     ``send(True)`` to stop there or ``send(False)`` / ``next`` to go on. It returns the
     chain's result: the kept draws are iterations ``tune`` to ``tune + draws`` when it runs

@@ -12,9 +12,9 @@ from pymc.step_methods.state import DataClassState, dataclass_state
 from pymc.util import get_random_generator, get_value_vars_from_user_vars
 
 from ..errors import PgpgmError
-from . import adapt, kernel
+from . import adapt, elementwise
 from .density import GradientMatchingDensity
-from .kernel import ChainState, StepParams
+from .elementwise import ChainState, StepParams
 from .schemes import initial_params
 from .target import GradientMatchingTarget
 
@@ -26,7 +26,7 @@ class GradientMatchingStepState(DataClassState):
     rng: np.random.Generator
     params: Any  # StepParams or None before the first step
     counts: Any  # adapt.AdaptationState or None
-    chain: Any  # kernel.ChainState of the last step, reused when the next point is the same
+    chain: Any  # elementwise.ChainState of the last step, reused when the next point is the same
     tune: bool
     vars_names: list = field(metadata={"tensor_name": True, "frozen": True})
 
@@ -93,7 +93,7 @@ class GradientMatchingStep(BlockedStep):
         c = self.chain
         if c is not None and np.array_equal(c.q, q) and np.array_equal(c.X[:, list(d.observed_idx)], X0):
             return c
-        return kernel.init(self.target, q, X0)
+        return elementwise.init(self.target, q, X0)
 
     def step(self, point):
         state = self._chain_state(point)
@@ -101,7 +101,7 @@ class GradientMatchingStep(BlockedStep):
             p = initial_params(self.target, state, *self._scales)
             self.params = StepParams(p.state_scale, p.param_scale, self._move_states, self._move_params)
             self.counts = adapt.AdaptationState.empty(self.params)
-        state, info = kernel.step(self.rng, state, self.params, self.target)
+        state, info = elementwise.step(self.rng, state, self.params, self.target)
         if self.tune:
             self.params, self.counts = adapt.update(self.params, self.counts, info)
         self.chain = state

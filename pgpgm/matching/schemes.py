@@ -14,7 +14,7 @@ A scheme is a small frozen object with
 ``"block"`` (:class:`Block`, the default of :func:`pgpgm.sample`) moves the parameters
 and the initial values jointly (:mod:`pgpgm.matching.block`); ``"elementwise"``
 (:class:`Elementwise`) is the paper's Metropolis-within-Gibbs scheme
-(:mod:`pgpgm.matching.kernel`).
+(:mod:`pgpgm.matching.elementwise`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .block import (
     block_vector,
     settle_states,
 )
-from .kernel import ChainState, StepInfo, StepParams, anchor, refresh, step
+from .elementwise import ChainState, StepInfo, StepParams, anchor, refresh, step
 from .target import GradientMatchingTarget
 
 

@@ -23,7 +23,7 @@ import sympy as sp
 from ..checks import as_float_array
 from ..errors import DataError, ModelDefinitionError
 from .breakpoints import TimeSwitch, breakpoints_between, find_time_switches
-from .kernels import ModelKernels, compile_kernels
+from .functions import ModelKernels, compile_kernels
 from .parse import (
     ALLOWED_CONSTANTS,
     ALLOWED_FUNCTIONS,
@@ -352,7 +352,7 @@ class ODESystem:
     # ----------------------------------------------------------------- numeric kernels
     @cached_property
     def compiled(self) -> ModelKernels:
-        """Numba-compiled kernels (see :mod:`pgpgm.ode.kernels`), built on first use."""
+        """Numba-compiled kernels (see :mod:`pgpgm.ode.functions`), built on first use."""
         return compile_kernels(self)
 
     def rhs(self, t: float, x: np.ndarray, theta: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,12 +11,13 @@ import arviz_stats
 import numpy as np
 import xarray as xr
 
-from ..errors import ConvergenceWarning, DataError
+from ..errors import ConvergenceWarning, DataError, PrecisionWarning
+from .budget import SHARPEN_SHARE, PosteriorBudget
 
 #: The thresholds of a converged posterior (Vehtari et al. 2021).
 RHAT_MAX, ESS_MIN = 1.01, 400
 #: the Monte Carlo error of every variable's posterior sd, relative to the sd, that step 4 goes on towards
-#: once R-hat and ESS pass, as far as its budget affords (:func:`pgpgm.posterior.nuts.run_nuts`). At ESS 400
+#: once R-hat and ESS pass, as far as its budget affords (:func:`pgpgm.posterior.rounds.run_nuts`). At ESS 400
 #: a Gaussian posterior's sd is uncertain by ~3.5 %, a heavy-tailed one's by 7-14 % (Lotka-Volterra x1
 #: observed, lognormal noise or x2(0) unknown: kurtosis ~14), too much for an sd that should be right within
 #: 10 %; 5 % asks those posteriors for ~2-8x the draws and a Gaussian one for none (benchmarks/RESULTS.md)
@@ -112,7 +114,7 @@ def mixing_problems(diag: xr.Dataset) -> list[str]:
 
 def warn_if_unconverged(diag: xr.Dataset, label: str, notes: Sequence[str] = (), stacklevel: int = 3) -> None:
     """Warn (:class:`ConvergenceWarning`) naming every failed check of the ``label`` posterior, and
-    ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.nuts.posterior_notes`)."""
+    ``notes`` (e.g. a budget that stopped it, separate modes: :func:`pgpgm.posterior.diagnostics.posterior_notes`)."""
     found = problems(diag)
     if found and not notes and not mixing_problems(diag):  # divergences alone: R-hat and ESS hold
         warnings.warn(f"the {label} posterior has {found[0]} (R-hat <= {RHAT_MAX:g} and ESS >= "
@@ -239,3 +241,49 @@ def modes_note(modes: Sequence[Mapping]) -> str:
     return (f"the chains sit in {len(modes)} separate modes, so their pooled draws are not one posterior: "
             + "; ".join(parts) + ". The first has the highest mean log density; fit again from the best one "
             "(init=, narrower priors) or give each mode its own run")
+
+
+def warn_if_imprecise(tree, label: str = "NUTS", stacklevel: int = 3) -> None:
+    """Warn (:class:`~pgpgm.errors.PrecisionWarning`) naming every variable whose posterior sd has a Monte
+    Carlo error above the goal recorded in ``tree.attrs["pgpgm_sd_error"]`` (:func:`run_nuts`'s ``sd_error``;
+    none recorded or a goal of None: no warning). For draws that passed R-hat and ESS (the callers check)."""
+    record = json.loads(tree.attrs.get("pgpgm_sd_error", "{}"))
+    goal, errors = record.get("goal"), record.get("errors", {})
+    over = sorted(((e, n) for n, e in errors.items() if goal is not None and np.isfinite(e) and e > goal),
+                  reverse=True)
+    if not over:
+        return
+    named = ", ".join(f"{n} ({e:.1%})" for e, n in over)
+    warnings.warn(f"the {label} posterior's sds of {named} are known less precisely than sd_error={goal:g} asks "
+                  f"(Monte Carlo error over the sd; R-hat and ESS hold): the chains go on for sharper sds within "
+                  f"{SHARPEN_SHARE:.0%} of the budget and up to their most draws, and draws with divergences are not "
+                  "extended. The error falls as 1/sqrt(draws): a larger posterior_budget or more draws sharpen them "
+                  "(heavy-tailed marginals need the most); NUTS(sd_error=None) stops once R-hat and ESS pass.",
+                  PrecisionWarning, stacklevel=stacklevel)
+
+
+def posterior_notes(tree) -> list[str]:
+    """Plain-language notes on a step-4 posterior beyond R-hat, ESS and divergences: the budget
+    that stopped it (what ran out, what was used, what to try) and the separate modes its chains
+    sit in (from ``tree.attrs``, see :func:`sample_posterior`)."""
+    out = []
+    spent = json.loads(tree.attrs.get("pgpgm_budget", "{}"))
+    if spent.get("exhausted"):
+        limit = PosteriorBudget(spent.get("seconds"), spent.get("gradient_evaluations"))
+        more = PosteriorBudget(None if limit.seconds is None else 4 * limit.seconds,
+                               None if limit.gradient_evaluations is None else 4 * limit.gradient_evaluations)
+        out.append(f"step 4 stopped at its budget ({spent['exhausted']} ran out: {spent['used_seconds']:.0f} s and "
+                   f"{spent['used_gradient_evaluations']} gradient evaluations used of {limit.describe()}) after "
+                   f"{tree.attrs.get('pgpgm_rounds', 1)} round(s)"
+                   + (", while tuning (these draws are tuning iterations)" if tree.attrs.get("pgpgm_tuning_draws")
+                      else "")
+                   + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn a quarter as much "
+                      "as the others (they ran slower or started late), and they were left out"
+                      if spent.get("dropped_chains") else "")
+                   + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
+                   f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
+                   "priors (a posterior that is hard to sample often has a second mode or a wall)")
+    modes = json.loads(tree.attrs.get("pgpgm_modes", "[]"))
+    if len(modes) > 1:
+        out.append(modes_note(modes))
+    return out

@@ -3,7 +3,7 @@
 nutpie (the PyMC team's NUTS in Rust, the model's log density compiled by numba) runs every chain
 as a thread of this process - no chain process starts - and spends about a third of PyMC's time
 per leapfrog step around the same log density (``benchmarks/posterior.py``). It cannot extend a
-finished chain, so instead of PyMC's rounds (:func:`pgpgm.posterior.nuts.run_nuts`) one run is
+finished chain, so instead of PyMC's rounds (:func:`pgpgm.posterior.rounds.run_nuts`) one run is
 asked for up to ``max_draws`` draws per chain and watched from here:
 
 - every :data:`POLL` seconds the leapfrog steps so far (nutpie's progress callback) go to
@@ -11,7 +11,7 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 - at fixed draw counts per chain (:func:`check_points`: ``draws``, then :data:`GROWTH` times the last, and
   :data:`BETWEEN` counts between two of those), once the slowest
   chain has them, exactly that many draws of every chain go to ``converged`` (R-hat, ESS and
-  divergences in :func:`pgpgm.posterior.nuts.run_nuts`); when they pass, the run ends there. A check
+  divergences in :func:`pgpgm.posterior.rounds.run_nuts`); when they pass, the run ends there. A check
   reads only the watched scalars and a few statistics (:func:`checked_draws`).
 
 With the whitening below, nutpie's trace holds z and the free variables only; the model's deterministics
@@ -21,7 +21,7 @@ is then small (0.01-0.02 s a check against 0.2-0.45 s at 9000 draws per chain, L
 large noise), and the tuning iterations and the draws after a pass cost no trajectories.
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
-:func:`pgpgm.posterior.nuts.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
+:func:`pgpgm.posterior.space.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
 model's value variables): :func:`whitened_model`. nutpie's own metric is diagonal (adapted from the
 draws' and the gradients' spread) plus, with :data:`ADAPTATION`, a low-rank correction; on the
 correlated, ridge-shaped posteriors of ODE parameters it needs long trajectories in the original
@@ -211,7 +211,7 @@ def add_after(tree: xr.DataTree, whitened: Whitened, white, threads: int = 1) ->
     """``tree`` (nutpie's draws of ``white``: z and the kept variables) with the variables ``whitened.after``
     of each draw (:meth:`Whitened.expand`), by ``white``'s dims and coords: in ``posterior``, and in
     ``warmup_posterior`` where the draws after tuning are fewer than the tuning iterations (the caller may
-    then keep the tuning's latter half: :func:`pgpgm.posterior.nuts.run_nuts`)."""
+    then keep the tuning's latter half: :func:`pgpgm.posterior.rounds.run_nuts`)."""
     if not whitened.after:
         return tree
     out = tree.copy()
@@ -651,7 +651,10 @@ def _callback(source: str, name: str, fn, where: dict, n_buffer: int, signature,
     a key of PyTensor's key for ``fn`` and the callback's source (its sizes and the shared values' places),
     where PyTensor caches ``fn``."""
     import numba
-    from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
+    from pytensor.link.numba.cache import (
+        CACHED_SRC_FUNCTIONS,
+        compile_numba_function_src,
+    )
 
     args = ""
     for var in fn.get_shared():

@@ -2,7 +2,7 @@
 
 CVODE (BDF, Newton with a dense matrix, or a band one for the sensitivity system) is driven
 through ctypes (:mod:`pgpgm.solve.sundials`); the right-hand side and its Jacobian are numba C callbacks (:func:`cvode_callbacks`, built on the
-model's kernels of :mod:`pgpgm.ode.kernels` and cached on disk beside them). One
+model's kernels of :mod:`pgpgm.ode.functions` and cached on disk beside them). One
 numba function, :func:`cvode_kernel`, does a whole solve - create the CVODE memory, set
 the parameters, tolerances and callbacks, step through the output times, free the
 memory - so it can be called from Python (:class:`CompiledCvodeEngine`) and from other
@@ -29,7 +29,7 @@ from . import native as nat
 from .base import Solver
 
 if TYPE_CHECKING:
-    from ..ode.kernels import ModelKernels
+    from ..ode.functions import ModelKernels
     from ..ode.system import ODESystem
 
 #: Flags of :func:`cvode_kernel` besides CVODE's own (which are > -100).
@@ -246,7 +246,7 @@ def _solve(rhs, jac, rtol, atol, max_steps, times, theta, y0, out, breaks, half_
 class CvodeCallbacks:
     """Addresses of C callbacks (CVRhsFn and CVLsJacFn) for plain and augmented systems; each is
     also the link-time symbol ``pgpgm_<key>_<field>`` (:func:`pgpgm.solve.native.symbol_address`),
-    ``key`` that of the model's kernels (:attr:`pgpgm.ode.kernels.ModelKernels.key`)."""
+    ``key`` that of the model's kernels (:attr:`pgpgm.ode.functions.ModelKernels.key`)."""
 
     rhs: int
     jac: int

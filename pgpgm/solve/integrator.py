@@ -2,7 +2,7 @@
 
 The integrator does the solves, counts them and returns states and, when asked, forward
 sensitivities with respect to q = (theta, x0), obtained by integrating the augmented system
-``[x, dx/dq_1, ..., dx/dq_K]`` (see :mod:`pgpgm.ode.kernels`).
+``[x, dx/dq_1, ..., dx/dq_K]`` (see :mod:`pgpgm.ode.functions`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from ..data import Observations
 from ..errors import DataError
 from ..noise import NOISE_MODELS, noise_model
 from ..ode.system import ODESystem
-from ..posterior.nuts import NOISE_PRIOR_LOG_SD, initial_value_prior
+from ..posterior.model import NOISE_PRIOR_LOG_SD, initial_value_prior
 from ..priors import Priors, prior_variable
 from ..solve import Integrator, Solver
 from ..solve.op import ODEOp

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from ..errors import ODESolveError, ResultFileError
-from ..ode.system import ODESystem
-from ..posterior.diagnostics import problems
-from ..result import FitResult, load_result
-from ..solve import Integrator
-from .model import varying_name
+from .errors import ODESolveError, ResultFileError
+from .fit_result import FitResult, load_result
+from .ode.system import ODESystem
+from .posterior.diagnostics import problems
+from .solve import Integrator
+from .study.model import varying_name
 
 _STUDY_ATTR = "pgpgm_study"
 

@@ -73,13 +73,13 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 from scipy.stats import qmc
 
-from .errors import DataError
-from .matching.density import GradientMatchingDensity
-from .matching.stop import Checkpoint, Decision
-from .matching.target import GradientMatchingTarget
-from .refinement.bounds import bound_report
-from .refinement.least_squares import SHORT_NFEV, LeastSquaresProblem, refine
-from .solve import Integrator
+from ..errors import DataError
+from ..refinement.bounds import bound_report
+from ..refinement.least_squares import SHORT_NFEV, LeastSquaresProblem, refine
+from ..solve import Integrator
+from .density import GradientMatchingDensity
+from .stop import Checkpoint, Decision
+from .target import GradientMatchingTarget
 
 #: the noise sds' relative tolerance of the rule's refinements when several observed states' sds are
 #: estimated (their alternation's rounds; :func:`pgpgm.refine`'s ``noise_rtol``, 1e-7); None: refine's own.
