@@ -153,7 +153,11 @@ def _parser() -> argparse.ArgumentParser:
                    "experiment,time,state,value for a study (many experiments, shared parameters)")
     f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
     f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE",
-                   help="initial values of latent states; STATE=LOW:HIGH for an unknown one (a uniform prior)")
+                   help="known initial values, held at --t0 (an observed state's too: leave it out to estimate it); "
+                        "STATE=LOW:HIGH for an unknown latent one (a uniform prior)")
+    f.add_argument("--t0", default=None, metavar="TIME",
+                   help="the time the initial values hold at, at or before the first measurement (default: the first "
+                        "measured time); in a study also a column of --inputs (each experiment's dose time)")
     f.add_argument("--fixed", nargs="+", default=[], metavar="PARAMETER=VALUE",
                    help="parameters held at known values (not estimated)")
     f.add_argument("--lognormal", nargs="+", default=[], metavar="STATE",
@@ -408,6 +412,19 @@ def read_tidy_csv(path: Path, states, *, experiment: str | None = None) -> dict:
     return out if experiment else out[""]
 
 
+def _time_argument(value: str | None, option: str) -> float | None:
+    """``value`` of ``option`` as one finite number (None stays None)."""
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except ValueError:
+        raise UsageError(f"{option} {value!r}: not a number") from None
+    if not np.isfinite(out):
+        raise UsageError(f"{option} {value!r}: must be finite")
+    return out
+
+
 def _x0_arguments(items: list[str], states) -> dict[str, float]:
     x0 = {}
     for item in items:
@@ -466,16 +483,16 @@ def _fit(a) -> int:
                          "with an experiment column (experiment,time,state,value)")
     grid = _grid_argument(a.grid)
     data = read_tidy_csv(a.data, states)
-    pgpgm.data.as_observations(data, a.observe, spec.system, grid=grid)  # >= 3 points per state etc., before the fit
-    if not x0 and np.isfinite(case.x0).any():
-        x0 = {s: v for s, v in zip(states, case.x0) if np.isfinite(v)}
+    obs = pgpgm.data.as_observations(data, a.observe, spec.system, grid=grid)  # >= 3 points per state, before the fit
+    if not x0 and np.isfinite(case.x0).any():  # the file's latent initial values (its observed ones are estimated)
+        x0 = {s: v for s, v in zip(states, case.x0) if np.isfinite(v) and s not in obs.states}
     priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
     result = _fit_or_fail(spec.system, data, a.observe, x0=x0, kernel=a.kernel or case.kernel,
                           gamma=a.gamma if a.gamma is not None else case.gamma, priors=priors, draws=draws,
                           tune=a.tune, chains=a.chains, seed=a.seed, true_theta=case.theta,
                           progressbar=not a.no_progress, fixed=fixed or None, grid=grid,
-                          noise=noise or None, **_posterior_options(a))
+                          noise=noise or None, t0=_time_argument(a.t0, "--t0"), **_posterior_options(a))
     _write_outputs(result, out, f"{spec.system.name} fitted to {a.data}")
     return EXIT_OK
 
@@ -528,8 +545,10 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
     columns = [] if inputs is None else [c for c in inputs.columns if c != "experiment"]
     x0 = _name_values(a.x0, states, "--x0", "STATE", columns)
     fixed = _name_values(a.fixed, parameters, "--fixed", "PARAMETER", columns)
-    if not x0 and np.isfinite(case.x0).any():
-        x0 = {s: float(v) for s, v in zip(states, case.x0) if np.isfinite(v)}
+    if not x0 and np.isfinite(case.x0).any():  # the file's latent initial values (its observed ones are estimated)
+        measured = set(a.observe or (s for d in data.values() for s in d if s != "time"))
+        x0 = {s: float(v) for s, v in zip(states, case.x0) if np.isfinite(v) and s not in measured}
+    t0 = a.t0 if a.t0 is None or a.t0 in columns else _time_argument(a.t0, "--t0")
     unknown = [p for p in a.varying if p not in parameters]
     if unknown:
         raise UsageError(f"--varying {' '.join(unknown)}: not a parameter of the model {list(parameters)}")
@@ -543,7 +562,7 @@ def _fit_study(a, spec, case, out: Path, noise: dict[str, str]) -> int:
     tidy = pd.DataFrame([{"experiment": e, "time": t, "state": s, "value": v}
                          for e, d in data.items() for s in d if s != "time" for t, v in zip(d["time"], d[s])
                          if np.isfinite(v)])
-    study = pgpgm.Study.from_tidy(tidy, inputs, x0=x0, fixed=fixed, observed=a.observe)
+    study = pgpgm.Study.from_tidy(tidy, inputs, x0=x0, fixed=fixed, observed=a.observe, t0=t0)
     priors = tuple(a.bounds) if a.bounds else spec.priors(case.name)
     draws = a.draws if a.draws is not None else max(case.iterations - a.tune, 100)
     per = a.noise_per_experiment

@@ -313,6 +313,42 @@ def initial_value_priors(system: ODESystem, x0, observed_idx: Sequence[int]) -> 
     return priors
 
 
+def known_observed_x0(system: ODESystem, x0, observed: Sequence[str]):
+    """``x0`` split into the known initial values of the ``observed`` states and the rest: ``(rest, known)``,
+    ``known`` a mapping observed state -> its number (held where given: at the start time), ``rest`` ``x0``
+    without them (a mapping without those keys; a vector (S,) with NaN at every observed state's entry; None
+    as None). A NaN in a vector leaves that observed state's initial value to be estimated; a prior for an
+    observed state is refused by :func:`initial_value_priors`.
+
+    Raises
+    ------
+    DataError
+        for a mapping entry of an observed state that is not one finite number or a prior, or a vector of the
+        wrong length.
+    """
+    if x0 is None:
+        return None, {}
+    if isinstance(x0, Mapping):
+        known = {}
+        for k, v in x0.items():
+            if k in observed and not _is_prior(v):
+                a = as_float_array(v, f"x0[{k}]")
+                if a.size != 1 or not np.isfinite(a).all():
+                    raise DataError(f"x0[{k}] must be one finite number (its known initial value), a prior "
+                                    f"(lower, upper) for a latent state, or left out to estimate it; got {v!r}")
+                known[k] = float(a.reshape(-1)[0])
+        return {k: v for k, v in x0.items() if k not in known}, known
+    v = as_float_array(x0, "x0")
+    if v.shape != (system.n_states,):
+        raise DataError(f"x0 must have {system.n_states} values, one per state {list(system.states)} (NaN: estimate "
+                        f"an observed state's), got shape {v.shape}; or give a mapping {{state: value}}")
+    idx = system.index_of_states(observed)
+    known = {s: float(v[i]) for s, i in zip(observed, idx) if np.isfinite(v[i])}
+    rest = v.copy()
+    rest[idx] = np.nan
+    return rest, known
+
+
 def initial_values(system: ODESystem, data, x0, observed_idx: Sequence[int]) -> np.ndarray:
     """(S,) initial values of the solve; entries of observed states, and of latent states whose
     initial value is unknown (given a prior, see :func:`initial_value_priors`), are NaN.

@@ -55,3 +55,8 @@ class PrecisionWarning(UserWarning):
 class BoundWarning(UserWarning):
     """An estimate sits on a bound of its Uniform prior (the refined value, or a large part of the
     posterior): the prior probably cuts off the best fit; widen it."""
+
+
+class StartTimeWarning(UserWarning):
+    """Known initial values hold at the default start, the first measured time, which is not 0: where they
+    hold at another time (a dose at 0, the first sample later), give ``t0``."""

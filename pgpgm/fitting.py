@@ -46,6 +46,7 @@ def fit(
     observed: Sequence[str] | None = None,
     *,
     x0: Mapping[str, float] | Sequence[float] | None = None,
+    t0: float | None = None,
     kernel: str = "rbf",
     gamma: float = 0.3,
     priors: Mapping[str, PriorSpec] | PriorSpec | None = None,
@@ -130,8 +131,7 @@ def fit(
     ``parameter`` attribute. ``transform`` (mapping state -> ``"log"``) puts a state itself on the log
     scale: see :mod:`pgpgm.logscale` (with normal noise: GP fit and gradient matching only; with
     lognormal noise: every step on the log scale, the path ``noise="lognormal"`` alone took before
-    issue 31). ``x0_observed={"C": 0.0}`` holds known initial values of observed states fixed in
-    steps 3 and 4 (step 2 still samples the state's value at the first time as a start). ``refine_x0`` also refines the observed
+    issue 31). ``refine_x0`` also refines the observed
     states' initial values (started at their posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.
@@ -157,7 +157,7 @@ def fit(
     (``result.estimates.attrs["observables_in_steps_1_2"]`` says which and why); with none matched,
     steps 1-2 are skipped and step 3 starts from a Latin hypercube over the prior boxes
     (:func:`refine_from_box`). ``result.trajectories["h"]`` (estimate, time_dense, observable) holds
-    the fitted observables. ``transform`` and ``x0_observed`` are refused with them.
+    the fitted observables. ``transform`` is refused with them.
 
     Data: each observed state may have its own times and missing values (a tidy long
     DataFrame ``time, state, value``, a wide one with NaN, or a simulated Dataset with NaN;
@@ -173,12 +173,26 @@ def fit(
     standard error 0, and ``parameter_table()`` reports them as fixed). Priors and ``init``
     values given for fixed parameters are ignored.
 
-    Unknown initial values: ``x0={"H": (0, 50)}`` (a Uniform prior) or ``x0={"H": callable}``
-    for a latent state makes ``H_0`` a free variable: sampled with the parameters in step 2,
-    refined by least squares with a standard error (``estimates["x0_stderr"]``; the Jacobian
-    from the sensitivity solve; free there, so a value outside a Uniform prior's box is named in a
-    :class:`~pgpgm.errors.BoundWarning`), free in the step-4 model. ``result.x0`` gives the refined
-    initial value of every state. Known initial values keep the fast path.
+    Initial values, ``x0``: one entry per state, each held where it is a number and free where it is a prior;
+    a mapping state -> value (or a vector (S,), NaN for an observed state whose value is free):
+
+    - a number: known and held at the start ``t0`` in every step that fits (steps 3 and 4; step 2 samples an
+      observed state's value at t0 as it does its other values), for latent and observed states alike;
+    - ``(lower, upper)`` (a Uniform prior) or a callable ``name -> PyMC variable``, for a latent state: unknown,
+      ``<state>_0`` a free variable: sampled with the parameters in step 2, refined by least squares with a
+      standard error (``estimates["x0_stderr"]``; held inside a Uniform prior's box, and a
+      :class:`~pgpgm.errors.BoundWarning` says where the data would put it outside), free in the step-4 model;
+    - an observed state left out: estimated (refined in step 3 with ``refine_x0``, free in step 4 with a Normal
+      prior about its first measurement), as a latent state needs a number or a prior.
+
+    ``x0=None`` with a Dataset of :func:`pgpgm.simulate` takes the latent states' values from its attributes.
+    ``result.x0`` gives the refined initial value of every state. ``x0_observed`` (earlier releases' argument
+    for the observed states' known values) still holds them, with a DeprecationWarning: write them in ``x0``.
+
+    ``t0``: the time the initial values hold at, before or at the first measurement (default: the first
+    measured time, which a :class:`~pgpgm.errors.StartTimeWarning` names when ``x0`` gives known values and it
+    is not 0): an oral dose at t = 0 whose first sample is taken at 0.25 h is ``x0={"A": dose}, t0=0.0``. The
+    fit's grid (``grid`` or the measurement times) gains ``t0`` as its first point.
 
     A refined estimate on a bound of its Uniform prior within its own uncertainty (2 standard
     errors), or a posterior (step 4's or the Laplace draws, not step 2's chains) with more than 10 %
@@ -203,7 +217,11 @@ def fit(
     options = fit_options(kernel=kernel, gamma=gamma, priors=priors, noise_sd=noise_sd, draws=draws, tune=tune,
                           chains=chains, seed=seed, init=init, scheme=scheme, refine_x0=refine_x0, solver=solver,
                           posterior=posterior_option(posterior, legacy), progressbar=progressbar, stop=stop, grid=grid)
-    prepared = prepare(system, data, observed, options, x0=x0, noise=noise, transform=transform, fixed=fixed,
+    if x0_observed is not None:
+        warnings.warn(f"x0_observed is deprecated and will be removed: give the observed states' known initial "
+                      f"values in x0 (x0={{..., {', '.join(f'{k!r}: {v!r}' for k, v in dict(x0_observed).items())}}})",
+                      DeprecationWarning, stacklevel=2)
+    prepared = prepare(system, data, observed, options, x0=x0, t0=t0, noise=noise, transform=transform, fixed=fixed,
                        true_theta=true_theta, x0_observed=x0_observed, observables=observables)
     matched = match(prepared, options, timings, started)  # steps 1-2 (None: no state measured directly)
     refined = refine_step(prepared, matched, options, timings)  # step 3
@@ -251,7 +269,7 @@ def fit_study(system: ODESystem, study: Study, *, varying: Sequence[str] = (), h
     with warnings.catch_warnings():  # step 2's chains stop early by design: only the basin matters here
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", CompetingOptimaWarning)  # one warning for the study, below
-        fits = tuple(fit(system, e.data, study.observed, x0=dict(e.x0), fixed=dict(e.fixed) or None,
+        fits = tuple(fit(system, e.data, study.observed, x0=dict(e.x0), t0=e.t0, fixed=dict(e.fixed) or None,
                          **{**options.keywords(), "posterior": None, "noise": design.experiment_noise(j)[0],
                             "noise_sd": design.experiment_noise(j)[1], "solver": options.solver or default_solver()})
                      for j, e in enumerate(study.experiments))

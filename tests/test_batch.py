@@ -311,9 +311,11 @@ def test_a_job_may_set_every_option_of_fit_but_the_data_and_what_fit_many_sets()
     from fit's signature) but the data's and cores / progressbar, which fit_many sets on every worker."""
     from pgpgm.batch import _FIT_OPTIONS
 
-    keywords = set(inspect.signature(pgpgm.fit).parameters)
-    assert _FIT_OPTIONS == keywords - {"system", "data", "observed", "cores", "progressbar"}
-    assert {"posterior_budget", "noise", "observables", "transform", "x0_observed", "scheme"} <= _FIT_OPTIONS
+    from pgpgm.steps.options import LEGACY_POSTERIOR
+
+    keywords = set(inspect.signature(pgpgm.fit).parameters) | set(LEGACY_POSTERIOR)  # the flat ones: deprecated
+    assert _FIT_OPTIONS == keywords - {"system", "data", "observed", "legacy", "cores", "progressbar"}
+    assert {"posterior_budget", "noise", "observables", "transform", "x0_observed", "scheme", "t0"} <= _FIT_OPTIONS
 
 
 def test_job_builders(spec, datasets, tmp_path):

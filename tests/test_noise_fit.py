@@ -114,7 +114,7 @@ def _flu():
 # ------------------------------------------------------------------ lognormal noise, C(0) = 0
 def test_theoph_subject_lognormal_noise_with_zero_initial_concentration():
     t, y, dose = _theoph("1")
-    r = _fit(PK, {"time": t, "C": y}, ["C"], x0={"A": dose}, x0_observed={"C": 0.0}, noise={"C": "lognormal"},
+    r = _fit(PK, {"time": t, "C": y}, ["C"], x0={"A": dose, "C": 0.0}, noise={"C": "lognormal"},
              priors=PK_PRIORS, draws=300, tune=300, posterior=None, seed=1)
     assert r.x0["C"] == 0.0 and json.loads(r.estimates.attrs["noise"]) == {"C": "lognormal"}
     nll, theta, sd = _lognormal_reference(t, y, dose)
@@ -139,7 +139,7 @@ def test_simulated_subject_lognormal_noise_recovers_the_truth():
     rng = np.random.default_rng(4)
     y = truth * np.exp(0.1 * rng.normal(size=t.size))
     y[0] = np.nan  # C(0) = 0 is not measured
-    r = _fit(PK, {"time": t, "C": y}, ["C"], x0={"A": dose}, x0_observed={"C": 0.0}, noise={"C": "lognormal"},
+    r = _fit(PK, {"time": t, "C": y}, ["C"], x0={"A": dose, "C": 0.0}, noise={"C": "lognormal"},
              priors=PK_PRIORS, draws=300, tune=300, posterior=None, seed=2)
     nll, ref, _ = _lognormal_reference(t, y, dose)
     np.testing.assert_allclose(r.theta, ref, rtol=1e-4)
@@ -170,7 +170,7 @@ def test_simulated_sir_poisson_counts_at_the_independent_optimum():
     ds = pgpgm.simulate(SIR, [1.7, 0.45], [762.0, 1.0, 0.0], t, observed=["I"], noise="poisson", seed=5)
     y = ds["y"].values[:, 0].copy()
     y[0] = np.nan  # I(0) = 1 is known
-    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
+    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},
              noise={"I": "poisson"}, priors=(0.0, 10.0), draws=300, tune=300, posterior=None, seed=1)
     nll, ref = _count_reference(t, y, "poisson", n_starts=4)  # 4 reach the optimum of 8 to the last digit: measured
     np.testing.assert_allclose(r.theta, ref, rtol=1e-4)
@@ -182,7 +182,7 @@ def test_simulated_sir_poisson_counts_at_the_independent_optimum():
 
 def test_flu_counts_negative_binomial_at_the_independent_optimum():
     t, y = _flu()
-    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
+    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},
              noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, posterior=None, seed=1)
     nll, ref = _count_reference(t, y, "negbin", n_starts=4)  # 4 reach the optimum of 8 to the last digit: measured
     np.testing.assert_allclose(r.theta, ref[:2], rtol=1e-4)
@@ -269,19 +269,19 @@ def test_bad_noise_inputs_are_data_errors(noise, values, match):
         pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0}, noise={"I": noise}, draws=10, tune=10)
 
 
-def test_bad_x0_observed_is_a_data_error():
+def test_a_bad_known_initial_value_of_an_observed_state_is_a_data_error():
     data = {"time": np.arange(4.0), "I": [1.0, 3.0, 4.0, 5.0]}
-    with pytest.raises(DataError, match="not observed states"):
+    with pytest.raises(DataError, match=r"x0\[I\] must be one finite number"):
+        pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0, "I": np.nan}, draws=10, tune=10)
+    with pytest.raises(DataError, match="x0_observed names"), pytest.warns(DeprecationWarning):
         pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"S": 1.0}, draws=10, tune=10)
-    with pytest.raises(DataError, match="finite"):
-        pgpgm.fit(SIR, data, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": np.nan}, draws=10, tune=10)
 
 
 # ------------------------------------------------------------------ the whole fit with step 4 (slow)
 @pytest.mark.slow
 def test_flu_negbin_fit_with_nuts_samples_alpha_around_the_refined_optimum():
     t, y = _flu()
-    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0}, x0_observed={"I": 1.0},
+    r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},
              noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, seed=1, posterior_draws=300,
              posterior_tune=300, posterior_chains=2, cores=1)
     post = r.posterior.posterior

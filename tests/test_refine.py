@@ -480,7 +480,7 @@ def test_the_fit_names_an_undetermined_parameter_once_and_in_the_singular():
     t = np.linspace(0.0, 4.0, 25)
     y = 2.0 * np.exp(-0.6 * t) + 0.02 * np.random.default_rng(5).standard_normal(t.size)
     with pytest.warns(IdentifiabilityWarning) as rec:
-        fit = pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], x0=[2.0, 1.0], priors=(0.0, 5.0), noise_sd=0.02,
+        fit = pgpgm.fit(system, {"time": t, "x": y}, observed=["x"], x0={"y": 1.0}, priors=(0.0, 5.0), noise_sd=0.02,
                         posterior=None, seed=0, progressbar=False)
     messages = [str(r.message) for r in rec if "do not determine" in str(r.message)]
     assert messages == ["the data do not determine m: its standard error is infinite; fix or give a tighter prior "

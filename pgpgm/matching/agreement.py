@@ -120,6 +120,8 @@ class RefinedAgreement:
     integrator : the ODE solves of the refinements (the density's system at the data's times)
     bounds : (P, 2) bounds of theta for the refinement (the uniform priors' support) or None
     refine_x0 : refine the observed states' initial values too (started at the chain's mean)
+    held_x0 : (state index, value) pairs: observed states whose initial value is known, held in every
+        refinement (:func:`pgpgm.fit` passes those its ``x0`` gives)
     estimate_noise : estimate the noise sds with theta (as :func:`pgpgm.fit` does when
         no ``noise_sd`` is given)
     tol : nats; the chains agree when their refined negative log likelihoods are within
@@ -215,6 +217,7 @@ class RefinedAgreement:
     probe_agree: int = 2
     screen_points: int = 256
     screen_starts: int = 16
+    held_x0: tuple[tuple[int, float], ...] = ()
     name: ClassVar[str] = "agree"
 
     def __post_init__(self):
@@ -252,11 +255,14 @@ class RefinedAgreement:
 
     def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
         """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the
-        observed states' initial values free when ``refine_x0``, unknown latent ones always."""
+        observed states' initial values free when ``refine_x0`` (but those ``held_x0`` gives, (state index,
+        known value) pairs: held at their values), unknown latent ones always."""
         d = self.density
-        free = (d.observed_idx if self.refine_x0 else ()) + d.unknown_x0_idx
-        return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, np.asarray(x0, float),
-                                   free_x0=free)
+        held = dict(self.held_x0)
+        free = tuple(i for i in (d.observed_idx if self.refine_x0 else ()) + d.unknown_x0_idx if i not in held)
+        x0 = np.array(x0, float)
+        x0[list(held)] = list(held.values())
+        return LeastSquaresProblem(self.integrator, d.obs.values, d.observed_idx, d.noise_sd, x0, free_x0=free)
 
     def next_refinement(self, refined_at: int) -> int:
         """The first check at which held chains (an optimum on a prior bound or fitting poorly)

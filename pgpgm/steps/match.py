@@ -47,12 +47,14 @@ def match(prepared: Prepared, options: FitOptions, timings: dict, started: float
     density = gradient_matching_density(gm.system, gm.data, gm.obs.states, x0=gm.x0, kernel=prepared.kernel,
                                         gamma=prepared.gamma, priors=prepared.priors, noise_sd=gm.noise_sd,
                                         gp_fits=gps, solver=gm_integrator, seed=options.seed,
-                                        grid=options.grid if prepared.observables is None else obs.times)
+                                        grid=prepared.grid if prepared.observables is None else obs.times)
     t1 = time.perf_counter()
     stop, own_rule = options.stop, isinstance(options.stop, str) and options.stop == "agree"
     if own_rule:  # its checks refine step 3's problem
+        held = () if prepared.on_log_for_matching else tuple(  # known initial values: held as in step 3
+            (gm.system.states.index(s), v) for s, v in (prepared.x0_observed or {}).items())
         stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=options.refine_x0,
-                                estimate_noise=gm.noise_sd is None, seed=options.seed)
+                                estimate_noise=gm.noise_sd is None, seed=options.seed, held_x0=held)
     run = run_chains(density, draws=options.draws, tune=options.tune, chains=options.chains, seed=options.seed,
                      init=prepared.init, scheme=options.scheme, cores=1, progressbar=options.progressbar, stop=stop)
     timings["sampling"] = time.perf_counter() - t1

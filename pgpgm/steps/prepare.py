@@ -3,6 +3,7 @@ directly) and :func:`prepare_observables` (measured functions of the states) ret
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -11,8 +12,8 @@ import numpy as np
 import xarray as xr
 
 from ..checks import as_float_array, noise_levels
-from ..data import Observations, as_observations, initial_value_priors, initial_values
-from ..errors import DataError
+from ..data import Observations, as_observations, initial_value_priors, initial_values, known_observed_x0
+from ..errors import DataError, StartTimeWarning
 from ..logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
 from ..matching.density import (
     per_state,
@@ -58,6 +59,7 @@ class Prepared:
     observables_full: Observables | None = None
     likelihood_priors: Priors | None = None
     scaled: tuple[ScaledState, ...] = ()
+    grid: np.ndarray | None = None
 
     @property
     def direct(self) -> tuple[str, ...]:
@@ -75,21 +77,28 @@ class Prepared:
 
 
 def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise, transform, fixed,
-            true_theta, x0_observed=None, observables=None) -> Prepared:
-    """The problem :func:`pgpgm.fit` solves, every input checked: the observations, the log-scale plan, the
-    fixed parameters substituted (see :func:`pgpgm.fit`); with ``observables`` (measured functions of the
-    states), :func:`prepare_observables`'s."""
+            true_theta, t0=None, x0_observed=None, observables=None) -> Prepared:
+    """The problem :func:`pgpgm.fit` solves, every input checked: the observations on a grid that starts at
+    ``t0`` (:func:`start_grid`), the known initial values of observed states split from ``x0``
+    (:func:`~pgpgm.data.known_observed_x0`: held in steps 3-4), the log-scale plan, the fixed parameters
+    substituted (see :func:`pgpgm.fit`); with ``observables`` (measured functions of the states),
+    :func:`prepare_observables`'s. ``x0_observed``: known initial values of observed states as earlier
+    releases took them (:func:`pgpgm.fit` warns that it is deprecated)."""
     if observables is not None:
-        return prepare_observables(system, data, observed, options, observables=observables, x0=x0, noise=noise,
-                                   transform=transform, fixed=fixed, true_theta=true_theta, x0_observed=x0_observed)
-    kernel, gamma, noise_sd, grid = options.kernel, options.gamma, options.noise_sd, options.grid
-    obs = as_observations(data, observed, system, grid=grid)
+        return prepare_observables(system, data, observed, options, observables=observables, x0=x0, t0=t0,
+                                   noise=noise, transform=transform, fixed=fixed, true_theta=true_theta,
+                                   x0_observed=x0_observed)
+    kernel, gamma, noise_sd = options.kernel, options.gamma, options.noise_sd
+    obs = as_observations(data, observed, system, grid=options.grid)
+    grid = start_grid(obs.times, options.grid, t0, x0)
+    if grid is not options.grid:
+        obs = as_observations(data, observed, system, grid=grid)
     per_state(kernel, obs.states, "kernel")  # a mapping names observed states only (values: fit_options)
     per_state(gamma, obs.states, "gamma")
+    x0, known = known_observed_x0(system, x0, obs.states)
     scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
     measurement = measurement_noise(noise, obs, noise_sd, scales)  # None: Gaussian in steps 3-4
-    if x0_observed is not None:
-        x0_observed = _known_observed_x0(x0_observed, obs.states, scales)
+    x0_observed = _known_observed_x0({**known, **(x0_observed or {})}, obs.states, scales) or None
     if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
         system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
                                  scales.likelihood.x0)
@@ -120,12 +129,12 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
         priors, init = _without_fixed(priors, init, fixed, full.parameters, system.parameters)
     Priors.from_user(system.parameters, priors)
     return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta,
-                    measurement, x0_observed)
+                    measurement, x0_observed, grid=grid)
 
 
 # ----------------------------------------------------------------------------- observables
 def prepare_observables(system: ODESystem, data, observed, options: FitOptions, *, observables, x0, noise, transform,
-                        fixed, true_theta, x0_observed=None) -> Prepared:
+                        fixed, true_theta, t0=None, x0_observed=None) -> Prepared:
     """The problem :func:`fit` solves when the data measure ``observables`` (:mod:`pgpgm.observables`),
     every input checked before anything is compiled.
 
@@ -146,7 +155,7 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
                         "noise={'<observable>': 'lognormal'} gives lognormal measurement noise on an observable")
     if x0_observed is not None:
         raise DataError("x0_observed is not available with observables; give known initial values of the states "
-                        "in x0 (a state measured only through observables is latent)")
+                        "in x0 (a state measured directly, by an identity observable, is then held there)")
     spec = Observables.parse(observables, system)
     measured = ODESystem.from_equations({n: "0" for n in spec.names}, [], name="the observables")
     if not (isinstance(data, xr.Dataset) or _is_table(data)):
@@ -159,6 +168,9 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
                         f"observable for each (e.g. observables={{'y_{states_given[0]}': '{states_given[0]}', ...}}) "
                         "and name the column after it")
     obs = as_observations(data, observed, measured, grid=options.grid)
+    grid = start_grid(obs.times, options.grid, t0, x0)
+    if grid is not options.grid:
+        obs = as_observations(data, observed, measured, grid=grid)
     missing = [n for n in spec.names if n not in obs.states]
     if missing:
         raise DataError(f"observables {missing} have no data (data has {list(obs.states)}); give a column for each "
@@ -173,6 +185,7 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
     if noise_sd is not None:
         noise_levels(noise_sd, len(obs.states))
     measurement = measurement_noise(noise, obs, noise_sd, None)  # None: Gaussian on every observable
+    x0, known = known_observed_x0(system, x0, [ident[n] for n in direct])  # held in steps 3-4
     if x0 is None and isinstance(data, xr.Dataset) and "x0" in data.attrs:
         x0 = np.asarray(data.attrs["x0"], float)
     full = spec.extend(system)
@@ -245,7 +258,7 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
                             f"spread over the prior boxes; {unbounded} have no box: give them (lower, upper) priors")
     gm = Problem(gm_system, gm_data, gm_obs, gm_x0, gm_sd) if matched else None
     return Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
-                    true_theta, measurement, None, fit_spec, spec, likelihood_priors, scaled)
+                    true_theta, measurement, known or None, fit_spec, spec, likelihood_priors, scaled, grid)
 
 
 def _is_table(data) -> bool:
@@ -279,7 +292,8 @@ def _without_fixed(priors, init, fixed: Mapping[str, float], parameters: Sequenc
 
 
 def _known_observed_x0(values, states, scales) -> dict[str, float]:
-    """``x0_observed`` of :func:`fit` checked: observed state -> a finite number."""
+    """The known initial values of observed states (``x0``'s, and ``x0_observed``'s of earlier releases)
+    checked: observed state -> a finite number, none of a state whose likelihood is on the log scale."""
     if not isinstance(values, Mapping):
         raise DataError(f"x0_observed must be a mapping observed state -> its known initial value, got {values!r}")
     unknown = [k for k in values if k not in states]
@@ -288,15 +302,47 @@ def _known_observed_x0(values, states, scales) -> dict[str, float]:
                         "states' initial values in x0")
     on_log = [k for k in values if scales is not None and k in scales.likelihood_scale.states]
     if on_log:
-        raise DataError(f"x0_observed names {on_log}, whose likelihood is on the log scale (lognormal noise with "
-                        "transform='log'); give the measurement noise model alone (noise={state: 'lognormal'})")
+        raise DataError(f"x0 gives a known initial value of {on_log}, whose likelihood is on the log scale (lognormal "
+                        "noise with transform='log'); give the measurement noise model alone "
+                        "(noise={state: 'lognormal'}), or leave the initial value out to estimate it")
     out = {}
     for k, v in values.items():
-        a = as_float_array(v, f"x0_observed[{k}]")
+        a = as_float_array(v, f"x0[{k}]")
         if a.size != 1 or not np.isfinite(a).all():
-            raise DataError(f"x0_observed[{k}] must be one finite number, got {v!r}")
+            raise DataError(f"x0[{k}] must be one finite number, got {v!r}")
         out[k] = float(a.reshape(-1)[0])
     return out
+
+
+def start_grid(times: np.ndarray, grid, t0, x0) -> np.ndarray | None:
+    """The grid of a fit that starts at ``t0``: ``grid`` (None: the observation grid ``times`` (N,)) with ``t0``
+    before its first point, where the initial values apply; ``grid`` itself where ``t0`` is None or the first
+    time. ``t0`` None (the default start, the first measured time) with known initial values in ``x0``
+    (numbers) and a first time other than 0 gives a :class:`~pgpgm.errors.StartTimeWarning` that says so.
+
+    Raises
+    ------
+    DataError
+        ``t0`` not one finite number, or after the first time.
+    """
+    first = float(times[0])
+    if t0 is None:
+        given = x0.values() if isinstance(x0, Mapping) else [] if x0 is None else [0.0]
+        if first != 0.0 and any(not (callable(v) or isinstance(v, tuple)) for v in given):
+            warnings.warn(f"the known initial values of x0 hold at t0 = {first:g}, the first measured time (the "
+                          "default start); give t0 (e.g. t0=0.0) if they hold at another time, such as a dose "
+                          "before the first sample", StartTimeWarning, stacklevel=4)
+        return grid
+    a = as_float_array(t0, "t0")
+    if a.size != 1 or not np.isfinite(a).all():
+        raise DataError(f"t0 must be one finite number (the time the initial values hold at), got {t0!r}")
+    t0 = float(a.reshape(-1)[0])
+    if t0 > first:
+        raise DataError(f"t0 = {t0:g} is after the first measured time {first:g}: the start must come before every "
+                        "measurement (the default start is the first measured time)")
+    if t0 == first:
+        return grid
+    return np.union1d(times if grid is None else np.asarray(grid, float), [t0])
 
 
 # ----------------------------------------------------------------------------- studies

@@ -107,7 +107,8 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
     chains' pooled mean and each chain's mean: theta and the observation parameters step 2 sampled (the
     scales and offsets of ``prepared.scaled``) at the chains' means, the other observation parameters
     started by :func:`profile_phi`; the best by likelihood. A state measured up to a scale starts at its
-    known initial value, else at (y0 - c) / a from the chains' means. The noise sds start at the GP's
+    known initial value, else at (y0 - c) / a from the chains' means; a directly measured state's known initial value
+    (``prepared.x0_observed``) is held. The noise sds start at the GP's
     for the observables with a GP and at the residual sd of the pooled start for the others."""
     system, density, run, spec, obs = prepared.system, matched.density, matched.run, prepared.observables, prepared.obs
     post = run.tree.posterior
@@ -125,6 +126,8 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
         x0_priors = {s: priors_x0[s] for s in unknown}
         known = initial_values(system, None, prepared.x0, direct_idx)
         free_x0 = (direct_idx if options.refine_x0 else ()) + tuple(system.states.index(s) for s in unknown)
+    held = {system.states.index(s): v for s, v in (prepared.x0_observed or {}).items()}  # known: not refined
+    free_x0 = tuple(i for i in free_x0 if i not in held)
 
     def start(sel) -> tuple[np.ndarray, np.ndarray]:  # (step 2's parameters, x0 (S,)) the chains' means
         mean = lambda s: float(post[s].isel(time=0).sel(**sel).mean())
@@ -134,6 +137,7 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
         for sc in prepared.scaled:  # the matching state is the measurement y: P = (y - c) / a at t0
             i = system.states.index(sc.state)
             x0[i] = known[i] if np.isfinite(known[i]) else sc.state_value(x0[i], dict(zip(gm_params, theta)))
+        x0[list(held)] = list(held.values())
         return theta, x0
 
     def parameters(theta_gm: np.ndarray, x0: np.ndarray) -> np.ndarray:  # (P + F,) the other phi profiled

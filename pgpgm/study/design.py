@@ -29,14 +29,18 @@ class StudyExperiment:
     name : the experiment's name (a subject, a condition, a replicate), a non-empty string
     data : its measurements, in any form :func:`pgpgm.fit` takes (tidy ``time, state, value``, wide,
         Dataset)
-    x0 : known initial values by state name (at the experiment's first time), e.g. ``{"A": dose}``
+    x0 : known initial values by state name (at ``t0``), e.g. ``{"A": dose}``; an observed state's value is held
+        as a latent state's is (leave it out to estimate it)
     fixed : known parameter values by name (constants of the equations in this experiment)
+    t0 : the time the initial values hold at, at or before the experiment's first measurement (e.g. the dose
+        time); None: its first measured time
     """
 
     name: str
     data: Any
     x0: Mapping[str, float] = field(default_factory=dict)
     fixed: Mapping[str, float] = field(default_factory=dict)
+    t0: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -55,6 +59,14 @@ class StudyExperiment:
                     raise DataError(f"experiment {self.name!r}: {what}[{k!r}] must be finite, got {v!r}")
                 clean[str(k)] = f
             object.__setattr__(self, what, clean)
+        if self.t0 is not None:
+            try:
+                t0 = float(self.t0)
+            except (TypeError, ValueError):
+                raise DataError(f"experiment {self.name!r}: t0 must be a number, got {self.t0!r}") from None
+            if not np.isfinite(t0):
+                raise DataError(f"experiment {self.name!r}: t0 must be finite, got {self.t0!r}")
+            object.__setattr__(self, "t0", t0)
         if self.data is None or (isinstance(self.data, pd.DataFrame) and self.data.empty):
             raise DataError(f"experiment {self.name!r} has no data: give its measurements or leave it out of the "
                             "study")
@@ -92,7 +104,7 @@ class Study:
     @classmethod
     def from_tidy(cls, data: pd.DataFrame, inputs: pd.DataFrame | None = None, *, experiment: str = "experiment",
                   x0: Mapping[str, str | float] | None = None, fixed: Mapping[str, str | float] | None = None,
-                  observed: Sequence[str] | None = None) -> Study:
+                  observed: Sequence[str] | None = None, t0: str | float | None = None) -> Study:
         """A study from a tidy long table ``experiment, time, state, value`` and a table of inputs.
 
         Parameters
@@ -106,6 +118,8 @@ class Study:
             (e.g. ``{"A": "dose_mg_per_kg", "C": 0.0}``)
         fixed : known parameter values: parameter -> a column of ``inputs`` or a number
         observed : the measured states (default: those in ``data``)
+        t0 : the time the initial values hold at: a column of ``inputs`` (e.g. the dose time), a number for
+            every experiment, or None (each experiment's first measured time)
 
         Raises
         ------
@@ -120,7 +134,7 @@ class Study:
         key = data[experiment].astype(str)
         names = list(dict.fromkeys(key))
         x0, fixed = dict(x0 or {}), dict(fixed or {})
-        columns = [c for c in (*x0.values(), *fixed.values()) if isinstance(c, str)]
+        columns = [c for c in (*x0.values(), *fixed.values(), t0) if isinstance(c, str)]
         rows: dict[str, pd.Series] = {}
         if inputs is not None:
             if not isinstance(inputs, pd.DataFrame) or experiment not in inputs.columns:
@@ -138,7 +152,7 @@ class Study:
                 raise DataError(f"inputs lack the column(s) {missing}; its columns are {list(inputs.columns)}")
             rows = {n: r for n, (_, r) in zip(ikey, inputs.iterrows())}
         elif columns:
-            raise DataError(f"x0 / fixed name input columns {columns} but no inputs table was given")
+            raise DataError(f"x0 / fixed / t0 name input columns {columns} but no inputs table was given")
         if columns:
             lacking = [n for n in names if n not in rows]
             if lacking:
@@ -151,14 +165,15 @@ class Study:
         for n in names:
             part = data[key == n].drop(columns=[experiment]).reset_index(drop=True)
             exps.append(StudyExperiment(n, part, {s: value(v, n) for s, v in x0.items()},
-                                        {p: value(v, n) for p, v in fixed.items()}))
+                                        {p: value(v, n) for p, v in fixed.items()}, None if t0 is None else value(t0, n)))
         return cls(tuple(exps), observed)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, x0: Mapping[str, Mapping[str, float]] | None = None,
                      fixed: Mapping[str, Mapping[str, float]] | None = None,
-                     observed: Sequence[str] | None = None) -> Study:
-        """A study from ``{experiment: data}`` and, by experiment, ``x0`` and ``fixed`` mappings.
+                     observed: Sequence[str] | None = None, t0: float | Mapping[str, float] | None = None) -> Study:
+        """A study from ``{experiment: data}`` and, by experiment, ``x0`` and ``fixed`` mappings; ``t0`` one start
+        time for every experiment or a mapping by experiment (None: each experiment's first measured time).
 
         Raises
         ------
@@ -167,13 +182,14 @@ class Study:
         if not isinstance(data, Mapping) or not data:
             raise DataError("data must be a non-empty mapping experiment name -> measurements")
         names = [str(k) for k in data]
-        for what, given in (("x0", x0), ("fixed", fixed)):
+        for what, given in (("x0", x0), ("fixed", fixed), ("t0", t0 if isinstance(t0, Mapping) else None)):
             unknown = [k for k in (given or {}) if str(k) not in names]
             if unknown:
                 raise DataError(f"{what} names experiment(s) {unknown} that have no data (experiments: {names})")
         x0 = {str(k): v for k, v in (x0 or {}).items()}
         fixed = {str(k): v for k, v in (fixed or {}).items()}
-        return cls(tuple(StudyExperiment(str(k), v, x0.get(str(k), {}), fixed.get(str(k), {}))
+        starts = {str(k): v for k, v in t0.items()} if isinstance(t0, Mapping) else {str(k): t0 for k in data}
+        return cls(tuple(StudyExperiment(str(k), v, x0.get(str(k), {}), fixed.get(str(k), {}), starts.get(str(k)))
                          for k, v in data.items()), observed)
 
     # ------------------------------------------------------------------ access
@@ -202,7 +218,7 @@ class Study:
         ------
         DataError : unusable data (see :func:`pgpgm.data.as_observations`); an ``x0`` naming a state or a
             ``fixed`` naming a parameter that the system lacks; a latent state without a known
-            initial value.
+            initial value; a ``t0`` after the first measurement. Each experiment's grid starts at its ``t0``.
         """
         out = []
         for e in self.experiments:
@@ -216,6 +232,11 @@ class Study:
                                 f"{list(system.parameters)}")
             try:
                 obs = as_observations(e.data, self.observed, system)
+                if e.t0 is not None and e.t0 != obs.times[0]:
+                    if e.t0 > obs.times[0]:
+                        raise DataError(f"t0 = {e.t0:g} is after the first measured time {obs.times[0]:g}: the start "
+                                        "must come before every measurement")
+                    obs = as_observations(e.data, self.observed, system, grid=np.union1d(obs.times, [e.t0]))
             except DataError as exc:
                 raise DataError(f"experiment {e.name!r}: {exc}") from None
             latent = [s for s in system.states if s not in obs.states and s not in e.x0]
