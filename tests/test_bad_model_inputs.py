@@ -424,3 +424,63 @@ def test_a_sympy_float_of_other_precision_is_refused():
         ODESystem.from_function(lambda t, y, p: [sp.Float("2.0000000000000000000001", 30) * y.x], ["x"], [])
     exact = ODESystem.from_function(lambda t, y, p: [sp.Rational("2.0000000000000000000001") * y.x], ["x"], [])
     assert exact.rhs(0.0, [1.0], [])[0] == 2.0  # an exact fraction: the nearest float, everywhere
+
+
+# ------------------------------------------------------------------ a saved model keeps every constant
+def _save_paths(system, tmp_path):
+    """``system`` written and read back by each way pgpgm writes a model: the equation language
+    (:func:`format_expression`), ``to_dict``, a result file's system text, a result file, a TOML model file."""
+    from pgpgm.ode.parse import format_expression, parse_expression
+    from pgpgm.result import _decode_system, _encode_system
+
+    symbols = {s.name: s for s in (system.symbols[0], *system.symbols[1], *system.symbols[2])}
+    equations = system.to_dict()["equations"]
+    model_file = tmp_path / "model.toml"
+    model_file.write_text(f"name = {json.dumps(system.name)}\nparameters = {json.dumps(list(system.parameters))}\n"
+                          "[equations]\n" + "".join(f"{s} = {json.dumps(e)}\n" for s, e in equations.items()))
+    yield "equation language", [parse_expression(format_expression(e), symbols) for e in system.expressions]
+    yield "to_dict", ODESystem.from_dict(system.to_dict())
+    yield "result file text", _decode_system(_encode_system(system))
+    yield "result file", pgpgm.load_result(_tiny_result(system).save(tmp_path / "r.nc")).system
+    yield "TOML model file", pgpgm.load_model(model_file).system
+
+
+AWKWARD = {"x": "2.000000000000001*x - 1e-300*y*k", "y": "0.3333333333333333*x + 6.02214076e23*k*y - 1e-310"}
+
+
+@pytest.mark.parametrize("how", ["equations", "function"])
+def test_awkward_constants_read_back_identically_by_every_path(how, tmp_path):
+    if how == "equations":
+        system = ODESystem.from_equations(AWKWARD, ["k"], name="awkward")
+    else:  # Python floats, 1/3 computed
+        system = ODESystem.from_function(lambda t, y, p: [2.000000000000001 * y.x - 1e-300 * y.y * p.k,
+                                                          1 / 3 * y.x + 6.02214076e23 * p.k * y.y - 1e-310],
+                                         ["x", "y"], ["k"], name="awkward")
+    assert system.expressions == ODESystem.from_equations(AWKWARD, ["k"]).expressions
+    rng = np.random.default_rng(1)
+    points = rng.uniform(0.5, 2.0, (6, 3))  # (x, y, k)
+    reference = np.array([system.rhs(0.0, p[:2], p[2:]) for p in points])
+    # at x = 1, y = 0, k = 1 the first terms are the constants themselves
+    np.testing.assert_array_equal(system.rhs(0.0, [1.0, 0.0], [1.0]), [2.000000000000001, 1 / 3 - 1e-310])
+    for path, back in _save_paths(system, tmp_path):
+        expressions = back if isinstance(back, list) else back.expressions
+        assert [sp.srepr(e) for e in expressions] == [sp.srepr(e) for e in system.expressions], path
+        if not isinstance(back, list):
+            after = np.array([back.rhs(0.0, p[:2], p[2:]) for p in points])
+            np.testing.assert_array_equal(after, reference, err_msg=path)
+
+
+@pytest.mark.parametrize(("text", "rounded"), [("x*1e-300*1e-10", "1e-310"), ("x/1.7976931348623157e308", "5.56"),
+                                               ("1e-300*1e-300*x", "0.0"), ("(x + 1e-300)*1e-300", "0.0")])
+def test_a_constant_sympy_forms_below_the_64_bit_range_is_refused(text, rounded):
+    """sympy multiplies the numbers of an equation with 53 bits at any exponent: 1e-300*1e-10 is 1.0e-310
+    with 53 bits, which no 64-bit float holds. Before, such a system was built, its kernels and density
+    computed with the rounded value, and it could not be saved (to_dict: 'do not read back
+    identically'), so a fit's result file failed after the fit. Refused when the system is built."""
+    with pytest.raises(ModelDefinitionError, match=f"is below the range of 64-bit floats .* rounded to {rounded}"):
+        ODESystem.from_equations({"x": text}, [])
+    with pytest.raises(ModelDefinitionError, match="is below the range of 64-bit floats"):
+        ODESystem.from_function(lambda t, y, p: [y.x * sp.Float(1e-300) * sp.Float(1e-10)], ["x"], [])
+    one = ODESystem.from_equations({"x": "1e-310*x"}, [])  # one number: a 64-bit (subnormal) float, kept
+    assert one.rhs(0.0, [1.0], [])[0] == 1e-310
+    assert ODESystem.from_dict(one.to_dict()).expressions == one.expressions

@@ -266,3 +266,30 @@ def test_step_4_keeps_cvode_where_the_refined_point_is_mildly_stiff():
     t = np.linspace(0, 10, 21)
     Integrator(stiff, t, DOPRI5(rtol=1e-6, max_steps=1000)).solve_sensitivities([300.0], [1.0])  # no failure
     assert pgpgm.NUTS().solver_at(CVODE(), stiff, t, [300.0], [1.0]) == CVODE(rtol=1e-6)
+
+
+@pytest.mark.parametrize("theta", [[1e200, 0.085, 0.04], [1.5, 0.085, 1e-300], [1.5, 0.085, 0.0]],
+                         ids=["huge-ka", "tiny-CL", "zero-CL"])
+def test_an_overflowing_right_hand_side_is_a_failed_solve_not_an_exception(theta):
+    """pk-oral at a point a diverging NUTS trajectory of a non-centred study reaches (log ka = mu + sigma z
+    ~ 460, or CL ~ 0): |f(x0)| / (atol + rtol |x0|) ~ 1e206 squares to inf in the first step's norm, which
+    made the first step size 0 and divided by it (ZeroDivisionError from the compiled solve, inside
+    PyMC's NUTS). A failed solve instead: a named error in Python, NaN in the Op, a -inf log density."""
+    system = pgpgm.load_model("pk-oral").system
+    t = np.array([0.0, 0.5, 1.0, 2.0, 5.0, 12.0, 24.0])
+    x0 = np.array([4.5, 0.0])
+    with pytest.raises(ODESolveError, match="DOPRI5 failed"):
+        Integrator(system, t, DOPRI5()).solve(theta, x0)
+    th = pt.dvector("th")
+    op = ODEOp(Integrator(system, t, pgpgm.NUTS().solver_for(CVODE())), on_failure="nan", x0_free=())
+    x = op(th, pt.as_tensor(x0))
+    ok = pt.all(pt.isfinite(x))  # as step 4's models: a failed solve is a -inf potential
+    logp = pt.switch(ok, -0.5 * ((pt.switch(ok, x, 0.0)[:, 1] - 1.0) ** 2).sum(), -np.inf)
+    f = pytensor.function([th], [x, logp, pytensor.grad(logp, th)], mode="NUMBA")
+    out, lp, _ = f(np.array(theta, float))
+    assert np.isnan(out).all() and lp == -np.inf
+    ka, ke, cl = 1.5, 0.085, 0.04  # a sound point: the closed form of C(t), the Op works
+    out, lp, _ = f(np.array([ka, ke, cl]))
+    exact = 4.5 * ka * ke / (cl * (ka - ke)) * (np.exp(-ke * t) - np.exp(-ka * t))
+    np.testing.assert_allclose(out[:, 1], exact, rtol=1e-4, atol=1e-6)
+    assert lp == pytest.approx(-0.5 * np.sum((exact - 1.0) ** 2), rel=1e-4)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -415,7 +416,10 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol], *, where: str 
 
 def _check_finite(expr: sp.Basic, label: str, text: str | None = None) -> None:
     """Every constant in ``expr`` - also those sympy forms, e.g. 1e308*(x - pi) -> 1e308*x - 1e308*pi -
-    must be a finite real 64-bit number, or the compiled code would compute inf or nan."""
+    must be a finite real 64-bit number, or the compiled code would compute inf or nan; and every float
+    constant one that a 64-bit float holds exactly, or the kernels and the density would compute with it
+    rounded while the system (and a saved model) kept another number (sympy forms floats below the 64-bit
+    range from numbers within it: 1e-300*1e-10 -> 1.0e-310 with 53 bits, 1e-300*1e-300 -> 1.0e-600)."""
     source = f": {_excerpt(text)}" if text is not None else f": {expr}"
     if expr.has(*_NOT_FINITE):
         raise ModelDefinitionError(
@@ -431,6 +435,12 @@ def _check_finite(expr: sp.Basic, label: str, text: str | None = None) -> None:
             if not math.isfinite(value):
                 raise ModelDefinitionError(
                     f"the constant {node}{label} is not a finite 64-bit number{source}"
+                )
+            if isinstance(node, sp.Float) and sp.Float(value)._mpf_ != node._mpf_:
+                raise ModelDefinitionError(
+                    f"the constant {node}{label} is below the range of 64-bit floats (smallest normal "
+                    f"{sys.float_info.min!r}), where it would be rounded to {value!r}: write the constant as one "
+                    f"number or rescale the model (other units){source}"
                 )
 
 

@@ -248,6 +248,11 @@ def _call_rhs(typingctx, address, t, y, ydot, p, n):
     return types.int32(address, t, y, ydot, p, n), codegen
 
 
+# The solve's loops: a float division by zero (or an overflow) in them is inf or NaN, which the loop
+# turns into a failed solve (a flag), as the model's callbacks do - never a Python exception from
+# compiled code, which would end a sampler (PyMC's NUTS) instead of rejecting one proposal.
+_JIT = dict(cache=True, error_model="numpy")
+
 # The Dormand-Prince tableau: stage nodes C, coefficients A (row s: stage s), the 5th-order weights B
 # (= A's last row: the 7th stage is f at the step's end), and E = B - the 4th-order weights (7 stages).
 _C2, _C3, _C4, _C5 = 1 / 5, 3 / 10, 4 / 5, 8 / 9
@@ -269,7 +274,7 @@ _D51, _D52, _D53 = -282668133 / 205662961, 2019193451 / 616988883, -1453857185 /
 _D61, _D62, _D63 = 40617522 / 29380423, -110615467 / 29380423, 69997945 / 29380423
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def _step(rhs, t, h, y, k, ytmp, ysti, p, rtol, atol, n_err):
     """One trial step of size h from (t, y) with k[0] = f(t, y): the 5th-order solution goes to ytmp,
     f at it to k[6], the last stage's argument to ysti (k[5] = f there); returns (the error's RMS norm
@@ -312,10 +317,11 @@ def _step(rhs, t, h, y, k, ytmp, ysti, p, rtol, atol, n_err):
     return err if np.isfinite(err) else np.inf
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span, n_err):
     """An initial step size (Hairer, Norsett and Wanner's rule for order 5) within ``span``, from the first
-    ``n_err`` components."""
+    ``n_err`` components; 0 where the right-hand side is too large for a representable step (its scaled
+    norm overflows), which :func:`_advance` reports as :data:`STEP_TOO_SMALL`."""
     n = y.shape[0]
     d0 = 0.0
     d1 = 0.0
@@ -325,6 +331,8 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span, n_err):
         d1 += (f0[j] / scale) ** 2
     d0, d1 = np.sqrt(d0 / n_err), np.sqrt(d1 / n_err)
     h0 = 1e-6 if (d0 < 1e-5 or d1 < 1e-5) else 0.01 * d0 / d1
+    if not h0 > 0.0:  # |f| / scale beyond ~1e154 squares to inf (d1 = inf): no step fits, the caller's STEP_TOO_SMALL
+        return 0.0
     h0 = min(h0, span)
     for j in range(n):
         ytmp[j] = y[j] + h0 * f0[j]
@@ -340,7 +348,7 @@ def _first_step(rhs, t, y, f0, ytmp, f1, p, rtol, atol, span, n_err):
     return min(100.0 * h0, h1, span)
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def _dense(y, k, h, theta, row):
     """Dormand and Prince's continuous extension (order 4, as scipy's ``RK45`` and Hairer and Wanner's ``CONTD5``) of
     the accepted step of size h from y with stages k (k[6]: f at its end) at the fraction ``theta`` of it, into
@@ -359,7 +367,7 @@ def _dense(y, k, h, theta, row):
         row[j] = y[j] + h * (w0 * k[0, j] + w2 * k[2, j] + w3 * k[3, j] + w4 * k[4, j] + w5 * k[5, j] + w6 * k[6, j])
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps, stiff_steps, stiff,
              n_err, times, index, last, out):
     """Steps from (t, y) with k[0] = f(t, y) to ``target`` (<= ``end``, the piece's end), the last
@@ -421,7 +429,7 @@ def _advance(rhs, t, target, h, end, y, k, ytmp, ysti, p, rtol, atol, max_steps,
     return 0, t, h, stiff, index
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def _hold(y, t, times, index, last, out):
     """Writes the state ``y`` at the output times from ``index`` up to ``last`` that are <= ``t`` (reached within
     rounding); returns the next index, or -1 - index where a component of ``y`` is not finite."""
@@ -435,7 +443,7 @@ def _hold(y, t, times, index, last, out):
     return index
 
 
-@numba.njit(cache=True)
+@numba.njit(**_JIT)
 def dopri5_kernel(rhs, rtol, atol, max_steps, stiff_steps, n_err, dense, times, theta, y0, out, breaks):
     """The compiled Dormand-Prince solve (cached on disk by numba; callable from numba code).
 

@@ -87,8 +87,9 @@ def _solve_counter(symbol: str) -> np.ndarray:
 
 
 #: the version of the compiled solve's code, part of :func:`cache_key`: raise it when the code that
-#: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache)
-CODE_VERSION = 11
+#: :func:`numba_ode_function` compiles changes (PyTensor would otherwise load the former code from its cache);
+#: 12: DOPRI5's loops fail a solve whose first step overflows instead of dividing by zero
+CODE_VERSION = 12
 
 
 def cache_key(op: ODEOp) -> str:
