@@ -16,8 +16,10 @@ What the harness gives:
   (round-robin, rotating order) so that a shared machine's load hits every side alike, reported
   as medians and ratios;
 - :func:`write`: ``benchmarks/results/NAME.json`` (environment, command, rows) and ``NAME.md``
-  (a Markdown table under the environment line). ``results/`` is git-ignored: ``git add -f``
-  the files ``RESULTS.md`` cites;
+  (a Markdown table under the environment line). ``results/`` is git-ignored and stays out of the
+  repository: ``RESULTS.md`` summarises a run's figures with its command, commit and date;
+- :data:`REFERENCES`: ``benchmarks/references/``, the committed inputs that are expensive to
+  recompute (the multi-start reference optima, the studies' references);
 - :data:`PUBLISHED` and :func:`published`: the published cases (Chen et al. 2019) as shipped
   by ``pgpgm.load_model``, their data and the default fit's options;
 - :func:`source_tree`: another commit's ``pgpgm`` package in a folder, for before/after runs.
@@ -46,7 +48,10 @@ import pgpgm
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+#: Where the benchmarks write their result files (git-ignored).
 RESULTS = HERE / "results"
+#: The committed inputs of benchmarks and tests that are expensive to recompute.
+REFERENCES = HERE / "references"
 
 #: The published cases: short key -> (model, case) of ``pgpgm.load_model``.
 PUBLISHED: dict[str, tuple[str, str]] = {

@@ -15,10 +15,10 @@ Lotka-Volterra too), solved by diffrax (Tsit5, PID controller, rtol = atol = 1e-
 priors and Normal likelihood. The reference runs ``--chains`` chains (default 4) of ``--warmup``
 (1000) + ``--draws`` (2000) iterations, one chain after another (the first compiles), dense mass
 matrix, target acceptance ``--target-accept`` (default 0.99), started at the simulation's true values; its
-own R-hat, ESS and divergences (numpyro.diagnostics). At numpyro's default 0.8 the reference of
-``lv-x1-x2unknown`` had 1343 divergences in 4 x 10000 draws and its sds of theta1 and x2(0) were 0.62 and
-0.60; at 0.99 none, and 0.71 and 0.69: a reference with divergences under-reaches the same narrowing tail
-(2026-11-30, ``results/posterior_reference_x2u_099.md``).
+own R-hat, ESS and divergences (numpyro.diagnostics). Why 0.99: at numpyro's default 0.8 the reference
+of ``lv-x1-x2unknown`` diverged (1343 times in 4 x 10000 draws) and its sds of theta1 and x2(0) were 0.62
+and 0.60 against 0.71 and 0.69 without a divergence at 0.99: a reference with divergences under-reaches
+the posterior's narrowing tail.
 
 Per free variable: pgpgm's and the reference's mean and sd, |mean difference| / reference sd
 (target <= 0.1), sd ratio pgpgm / reference (target 0.9-1.1), and each sd's Monte Carlo standard error

@@ -46,12 +46,13 @@ stop once 2-5 starts agree on their best (:func:`agreement_stop`); and where the
 fits' time goes (step 1, the MCMC, the stop rule's refinements, step 3; least-squares Jacobians
 and residuals): ``results/robustness_sbs.jsonl`` (one row per problem, resumable) and ``.md``.
 
-Runs used for the committed results (one process each, ``nice -n 10``; the second reference run
-takes problems the first has not claimed)::
+Runs that made the committed references in ``benchmarks/references/`` (one process each, ``nice -n 10``;
+the second reference run takes problems the first has not claimed; fit rows and reports go to the
+git-ignored ``benchmarks/results/``)::
 
     nice -n 10 python benchmarks/robustness.py reference --cheap-first &
     nice -n 12 python benchmarks/robustness.py reference --cheap-first \
-        --references benchmarks/results/robustness_reference_b.jsonl &
+        --references benchmarks/references/robustness_reference_b.jsonl &
     nice -n 10 python benchmarks/robustness.py fits --follow &   # as the references come in
     python benchmarks/robustness.py sidebyside --where seed=0 --sample 12   # results/robustness_sbs*.md
 
@@ -61,7 +62,8 @@ Grid: 36 problems of the design (4 per system, seeded) and the issue's own case,
 
 Held-out grids: ``--design-seed 2027`` (2028, 2029) draws the same factors anew (36 problems, ids
 ``d2027-...``, data seeds 2000-2035; 3000-3035; 4000-4035) that no rule was tuned on, with its own files
-(``results/robustness_d2027*.jsonl``, ``.md``)::
+(references ``references/robustness_d2027_reference.jsonl``; fit rows and report
+``results/robustness_d2027.jsonl``, ``.md``)::
 
     python benchmarks/robustness.py reference --cheap-first --design-seed 2027 &
     python benchmarks/robustness.py fits --follow --where seed=0 --design-seed 2027 &
@@ -100,8 +102,9 @@ import pgpgm
 import robustness_reference as rr
 
 RESULTS = harness.RESULTS
+REFERENCE_DIR = harness.REFERENCES
 ROWS = RESULTS / "robustness.jsonl"
-REFERENCES = RESULTS / "robustness_reference.jsonl"
+REFERENCES = REFERENCE_DIR / "robustness_reference.jsonl"
 REPORT = RESULTS / "robustness.md"
 
 KERNELS = ("rbf", "matern52", "sigmoid")
@@ -335,7 +338,7 @@ def references(path: Path = REFERENCES) -> dict[str, dict]:
     ``robustness_reference_*.jsonl`` (written by a second reference run, ``--reverse``)."""
     paths = [path]
     if path.resolve() == REFERENCES.resolve():
-        paths += sorted(RESULTS.glob("robustness_reference_*.jsonl"))
+        paths += sorted(REFERENCE_DIR.glob("robustness_reference_*.jsonl"))
     return {r["problem"]: r for p in paths for r in read_jsonl(p)}
 
 
@@ -404,7 +407,7 @@ def cmd_design(args) -> None:
 
 def cmd_reference(args) -> None:
     out = Path(args.references)
-    grid_run = out.parent.resolve() == RESULTS.resolve()  # the grid's files (a second run: ..._b.jsonl)
+    grid_run = out.parent.resolve() == REFERENCE_DIR.resolve()  # the grid's files (a second run: ..._b.jsonl)
     claims = Path(tempfile.gettempdir()) / "pgpgm_robustness_claims"  # problems a reference run has taken
     claims.mkdir(parents=True, exist_ok=True)
     todo = select(args)
@@ -604,7 +607,7 @@ def cmd_baseline(args) -> None:
              "rewritten as fits come in (`python benchmarks/robustness.py baseline`).", "",
              "Reproduce one fit with your own pgpgm (from the repository root of your checkout, with this "
              "branch's `benchmarks/robustness.py`, `benchmarks/robustness_reference.py`, `models/*.toml` and the "
-             "reference file `benchmarks/results/robustness_reference.jsonl` copied in):", "",
+             "reference file `benchmarks/references/robustness_reference.jsonl` copied in):", "",
              "    python benchmarks/robustness.py --only <fit id>            # one fit, printed with its verdict",
              "    python benchmarks/robustness.py fits --where system=fhn --out /tmp/mine.jsonl   # a class",
              "    python benchmarks/robustness.py report --out /tmp/mine.jsonl --report /tmp/mine.md",
@@ -756,8 +759,8 @@ def time_start(mp: rr.MultiStartProblem, points: np.ndarray, stored: np.ndarray,
 def same_data(p: ProblemSetting, ref: dict) -> bool:
     """Whether the problem's data are those its reference was computed on: the same hash (values rounded
     to 12 decimals), or a likelihood at the reference optimum within 1e-9 relative of the reference's
-    (the simulation moved the values below that rounding: goodwin-003, -012, -021 since the 11:00-12:14
-    merges of 2026-11-26, by ~1e-11 in the NLL)."""
+    (a change of the simulation can move the values below that rounding: goodwin-003, -012 and -021 moved
+    by ~1e-11 in the NLL)."""
     if data_hash(p) == ref["data_hash"]:
         return True
     nll = reference_problem(p, ref.get("algorithm", 1)).nll(np.array(ref["q"]))
@@ -882,7 +885,7 @@ def agreement_stop(ref: dict, agree: int, repeats: int = 200, seed: int = 0) -> 
 def all_references() -> dict[str, dict]:
     """Every stored reference: the grid's and the held-out grids' (``robustness_d*_reference.jsonl``)."""
     refs = references(REFERENCES)
-    for path in sorted(RESULTS.glob("robustness_d*_reference.jsonl")):
+    for path in sorted(REFERENCE_DIR.glob("robustness_d*_reference.jsonl")):
         refs |= references(path)
     return refs
 
@@ -1140,14 +1143,15 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="competing: data seeds per case and box")
     parser.add_argument("--design-seed", type=int, default=DESIGN_SEED,
                         help=f"the design's seed; another than {DESIGN_SEED} draws a held-out grid (ids d<seed>-..., "
-                             "its own result files robustness_d<seed>*.jsonl unless --out/--references are given)")
+                             "its own files robustness_d<seed>*.jsonl (references in benchmarks/references/) unless "
+                             "--out/--references are given)")
     args = parser.parse_args(argv)
     if args.design_seed != DESIGN_SEED:  # a held-out design keeps its rows apart from the grid's
         tag = f"robustness_d{args.design_seed}"
         for name, default, path in (("out", ROWS, f"{tag}.jsonl"), ("references", REFERENCES, f"{tag}_reference.jsonl"),
                                     ("report", REPORT, f"{tag}.md")):
             if getattr(args, name) == str(default):
-                setattr(args, name, str(RESULTS / path))
+                setattr(args, name, str(default.parent / path))  # references/ or results/, as the grid's
     {"design": cmd_design, "reference": cmd_reference, "fits": cmd_fits, "report": cmd_report,
      "one": cmd_one, "baseline": cmd_baseline, "sidebyside": cmd_sidebyside,
      "competing": cmd_competing, "posterior": cmd_posterior}[args.command](args)

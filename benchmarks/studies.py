@@ -1,7 +1,7 @@
 """Real studies (issue 31): many subjects, hierarchical models, measurement noise models.
 
 Subcommands (each writes ``results/studies_<subcommand>.{md,json}``; the independent references
-are those of ``benchmarks/studies_reference.py``, in ``results/studies_reference_*.json``):
+are those of ``benchmarks/studies_reference.py``, in ``references/studies_reference_*.json``):
 
 - ``theoph``: the theophylline study (R's Theoph, 12 subjects, pk-oral, C(0) = 0, A(0) = the dose)
   by ``pgpgm.fit_study``: each subject's refined point against the independent 200-start optimum, and
@@ -35,7 +35,7 @@ from pgpgm import datasets
 
 
 def _reference(name: str) -> dict | None:
-    path = harness.RESULTS / f"studies_reference_{name}.json"
+    path = harness.REFERENCES / f"studies_reference_{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -1,8 +1,8 @@
 """Independent references for the real-study examples of issue 31 (numpy/scipy only, no pgpgm code).
 
-Writes three JSON files and a summary page, studies_reference.md, to benchmarks/results/
-(``python benchmarks/studies_reference.py``, ~15 min on the shared 2-core machine; ``--summary``
-rewrites only the page from the JSON files):
+Writes three JSON files and a summary page, studies_reference.md, to benchmarks/references/ (committed:
+tests and ``studies.py`` read them; ``python benchmarks/studies_reference.py``, ~15 min on the shared 2-core
+machine; ``--summary`` rewrites only the page from the JSON files):
 
 ``studies_reference_theoph.json``
     The theophylline data (models/theophylline.csv, doses in mg/kg from theophylline_inputs.csv)
@@ -57,7 +57,7 @@ from scipy import optimize, special, stats
 from scipy.integrate import solve_ivp
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+REFERENCES = ROOT / "benchmarks" / "references"
 N_STARTS = 200
 SAME = 1e-6  # |nll - best| below this counts as the same optimum
 
@@ -389,9 +389,9 @@ def _jsonable(o):
 
 
 def _write(name: str, obj: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / name).write_text(json.dumps(_jsonable(obj), indent=1) + "\n")
-    print("wrote", RESULTS / name, flush=True)
+    REFERENCES.mkdir(parents=True, exist_ok=True)
+    (REFERENCES / name).write_text(json.dumps(_jsonable(obj), indent=1) + "\n")
+    print("wrote", REFERENCES / name, flush=True)
 
 
 def main() -> None:
@@ -436,10 +436,10 @@ def fit_joint_single(y_i: np.ndarray, dose: float, n_starts: int = 50):
 
 
 def summary() -> str:
-    """The stored references as a markdown page (benchmarks/results/studies_reference.md)."""
-    th = json.loads((RESULTS / "studies_reference_theoph.json").read_text())
-    jo = json.loads((RESULTS / "studies_reference_joint.json").read_text())
-    si = json.loads((RESULTS / "studies_reference_sir.json").read_text())
+    """The stored references as a markdown page (benchmarks/references/studies_reference.md)."""
+    th = json.loads((REFERENCES / "studies_reference_theoph.json").read_text())
+    jo = json.loads((REFERENCES / "studies_reference_joint.json").read_text())
+    si = json.loads((REFERENCES / "studies_reference_sir.json").read_text())
     lines = [f"# Independent references for issue 31 ({th['date']}, `python benchmarks/studies_reference.py`)", "",
              "numpy/scipy only (closed-form one-compartment model, solve_ivp for SIR); see the script's docstring.", "",
              "## Theophylline, per subject (ka, ke in 1/h; CL in L/h/kg; V = CL/ke in L/kg; dose in mg/kg)", ""]
@@ -479,8 +479,8 @@ if __name__ == "__main__":
 
     first, _, rest = (__doc__ or "").strip().partition("\n")
     ap = argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--summary", action="store_true", help="only rewrite results/studies_reference.md from the "
+    ap.add_argument("--summary", action="store_true", help="only rewrite references/studies_reference.md from the "
                     "stored JSON files (no computation)")
     if not ap.parse_args().summary:
         main()
-    (RESULTS / "studies_reference.md").write_text(summary())
+    (REFERENCES / "studies_reference.md").write_text(summary())

@@ -3,7 +3,7 @@ at 0, Poisson and negative-binomial counts.
 
 References are independent of pgpgm: the closed-form one-compartment solution and scipy's solve_ivp
 for SIR, likelihoods from scipy.stats, multi-start optima by scipy.optimize, finite differences; the
-theophylline optima also against benchmarks/results/studies_reference_theoph.json when present.
+theophylline optima also against the committed benchmarks/references/studies_reference_theoph.json.
 """
 
 import json
@@ -25,7 +25,7 @@ from pgpgm.refinement import LeastSquaresProblem, refine
 PK = pgpgm.load_model("pk-oral").system
 SIR = pgpgm.load_model("sir").system
 PK_PRIORS = {"ka": (0.0, 10.0), "ke": (0.0, 1.0), "CL": (0.0, 0.5)}
-STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "studies_reference_theoph.json"
+STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "references" / "studies_reference_theoph.json"
 
 
 def _fit(*args, **kwargs):
@@ -126,10 +126,10 @@ def test_theoph_subject_lognormal_noise_with_zero_initial_concentration():
     mu = _conc(t[m], dose, *r.theta)
     scipy_nll = -np.sum(stats.lognorm.logpdf(y[m], s=r.trajectories["noise_sd"].values[0], scale=mu))
     assert r.estimates.attrs["refinement_nll"] == pytest.approx(scipy_nll, abs=1e-5)  # solvers differ ~1e-7
-    if STUDIES.exists():  # the studies' 200-start reference (benchmarks/studies_reference.py)
-        ref = json.loads(STUDIES.read_text())["per_subject"]["lognormal"]["1"]
-        np.testing.assert_allclose(r.theta, [ref["ka"], ref["ke"], ref["CL"]], rtol=1e-4)
-        assert r.estimates.attrs["refinement_nll"] == pytest.approx(ref["nll"], abs=1e-5)
+    # the studies' 200-start reference (benchmarks/studies_reference.py)
+    ref = json.loads(STUDIES.read_text())["per_subject"]["lognormal"]["1"]
+    np.testing.assert_allclose(r.theta, [ref["ka"], ref["ke"], ref["CL"]], rtol=1e-4)
+    assert r.estimates.attrs["refinement_nll"] == pytest.approx(ref["nll"], abs=1e-5)
 
 
 def test_simulated_subject_lognormal_noise_recovers_the_truth():

@@ -4,7 +4,7 @@ the global optimum of their data, as found by an independent multi-start.
 The references (``tests/data/robustness_reference.jsonl``) were written by
 ``python benchmarks/robustness.py reference --references tests/data/robustness_reference.jsonl
 --only <problem ids>`` (the held-out grids', ids ``d2027-...`` and ``d2028-...``, are their rows of
-``benchmarks/results/robustness_d<seed>_reference.jsonl``, made by ``reference --design-seed <seed>``):
+``benchmarks/references/robustness_d<seed>_reference.jsonl``, made by ``reference --design-seed <seed>``):
 500 starts of scipy's trf and dogbox from a Latin hypercube over the
 prior box, with the benchmark's own residuals and profile likelihood
 (``benchmarks/robustness_reference.py``), not pgpgm.refinement.least_squares. This test does not recompute them;

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import studies_reference as ref  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
+REFERENCES = ROOT / "benchmarks" / "references"  # committed
 
 
 def closed_form(t, dose, ka, ke, cl):
@@ -91,10 +91,7 @@ def test_reference_closed_form_against_a_tight_solve_ivp():
 
 # ------------------------------------------------------------------ stored references reproduced
 def _load(name):
-    path = RESULTS / name
-    if not path.exists():
-        pytest.skip(f"{path} not generated (python benchmarks/studies_reference.py)")
-    return json.loads(path.read_text())
+    return json.loads((REFERENCES / name).read_text())  # written by python benchmarks/studies_reference.py
 
 
 @pytest.mark.parametrize("noise", ["normal", "lognormal"])
