@@ -106,6 +106,8 @@ class Simulator:
 
     def _solve(self, times, constants, x0, dx0, dconst):
         """States at ``times`` from ``x0`` (and their sensitivities where ``dx0`` is given)."""
+        if times.size == 1:  # only the start is measured
+            return x0[None], None if dx0 is None else dx0[None]
         theta = constants[self._param]
         integ = self.integrator(times, theta)
         if dx0 is None:
