@@ -118,16 +118,19 @@ class Simulator:
     def _steady(self, constants, x0, dx0, dconst, label: str):
         """The steady state from ``x0`` (and its sensitivities): integrated over one span of
         :attr:`SteadyState.times` after the other (each span's own integrator, whose smallest
-        step scales with its end), until the test holds."""
+        step scales with its end), until the test holds; the sensitivities from the steady state's
+        equations (:func:`steady_sensitivities`)."""
         grid = self.steady.times
         theta = constants[self._param]
-        x, dx = x0, dx0
+        x = x0
         for start, stop in zip(grid[:-1], grid[1:]):
-            xs, dxs = self._solve(np.array([start, stop]), constants, x, dx, dconst)
-            x, dx = xs[-1], None if dxs is None else dxs[-1]
+            x = self._solve(np.array([start, stop]), constants, x, None, None)[0][-1]
             f = self.model.system.rhs(stop, x, theta)
             if np.all(np.abs(f) <= self.steady.atol + self.steady.rtol * np.abs(x)):
-                return x, dx
+                if dx0 is None:
+                    return x, None
+                jx, jp = self.model.system.jacobian(stop, x, theta)
+                return x, steady_sensitivities(jx, jp @ dconst[self._param], dx0)
         worst = int(np.argmax(np.abs(f) / (self.steady.atol + self.steady.rtol * np.abs(x))))
         raise ODESolveError(f"no steady state for {label} by t = {grid[-1]:g}: d{self.model.states[worst]}/dt "
                             f"is still {f[worst]:.3g} (at {x[worst]:.6g})")
@@ -174,6 +177,27 @@ class Simulator:
             raise ODESolveError(f"the initial values of {names} are not finite in condition "
                                 f"{self.conditions.ids[condition]} (the model gives none, or they evaluate to "
                                 "inf or NaN); set them in the condition table")
+
+
+def steady_sensitivities(jx: np.ndarray, jq: np.ndarray, dx0: np.ndarray) -> np.ndarray:
+    """d(steady state)/dq from f(x*, q) = 0: J_x dx* = -J_q, with each conserved quantity (a left
+    null vector l of J_x, l' f = 0 for all x) kept at its start, l' dx* = l' dx0.
+
+    Parameters
+    ----------
+    jx : (S, S) df/dx at the steady state
+    jq : (S, Q) df/dq there (through the parameters)
+    dx0 : (S, Q) d(start)/dq
+
+    Returns
+    -------
+    (S, Q)
+    """
+    u, sv, _ = np.linalg.svd(jx)  # the columns of u with zero singular values span the left null space
+    null = u[:, sv <= sv.max(initial=0.0) * jx.shape[0] * 1e-12]  # (S, L) conservation laws
+    a = np.vstack([jx, null.T])
+    b = np.vstack([-jq, null.T @ dx0])
+    return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
 def _switch_times(model: SbmlModel) -> list[Callable]:
