@@ -16,7 +16,8 @@ The package reads as the pipeline, each layer importing only the ones above it i
 - ``stopping`` - step 2's default stop rule, which runs step 3's refinement;
 - the application: ``plots``, ``result``, ``logscale``, ``simulate``, ``spec`` (model files),
   ``pipeline`` (:func:`fit`, a composition of the steps), ``study`` (many experiments in one fit,
-  hierarchical parameters: :func:`fit_study`), ``batch`` (many fits), ``cli``.
+  hierarchical parameters: :func:`fit_study`), ``petab`` (PEtab problems: :func:`load_petab`),
+  ``batch`` (many fits), ``cli``.
 
 The public API below is loaded on first use (SPEC 1, ``lazy_loader``): ``import pgpgm`` and
 ``pgpgm --help`` do not import PyMC, ArviZ and SymPy (~3 s); the first ``pgpgm.fit`` (or any
@@ -27,8 +28,8 @@ import lazy_loader as _lazy
 
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
-    submodules=["batch", "codegen", "data", "datasets", "errors", "gp", "matching", "observables", "ode", "pipeline",
-                "posterior", "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping", "study"],
+    submodules=["batch", "codegen", "data", "datasets", "errors", "gp", "matching", "observables", "ode", "petab",
+                "pipeline", "posterior", "priors", "refinement", "result", "sensitivity", "solve", "spec", "stopping", "study"],
     submod_attrs={
         "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
         "data": ["Observations"],
@@ -41,6 +42,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
                    "SamplingError"],
         "ode.system": ["ODESystem"],
         "ode.transform": ["LogScale", "log_transform"],
+        "petab": ["PetabProblem", "load_petab"],
         "pipeline": ["Laplace", "NUTS", "fit"],
         "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
         "priors": ["Priors"],

@@ -35,6 +35,7 @@ LAYERS = (
     ("pgpgm.spec", "pgpgm.datasets"),
     ("pgpgm.pipeline",),  # fit
     ("pgpgm.study",),  # many experiments in one fit (steps 1-2 by fit), hierarchical models
+    ("pgpgm.petab",),  # PEtab problems: SBML and tables to an ODESystem, their likelihood
     ("pgpgm.batch", "pgpgm.versions"),
     ("pgpgm",),  # the package's public API, loaded on first use
     ("pgpgm.cli",),  # the command line, on the public API

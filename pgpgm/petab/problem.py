@@ -18,6 +18,7 @@ import pandas as pd
 from ..errors import DataError
 from ..ode.system import ODESystem
 from ..solve.base import Solver
+from ..solve.cvode import CVODE
 from .mapping import (
     Conditions,
     Experiments,
@@ -291,8 +292,6 @@ def load_petab(path: str | Path, *, solver: Solver | None = None,
     ModelDefinitionError
         A PEtab version or an SBML element that pgpgm does not simulate (named).
     """
-    from ..solve.cvode import CVODE
-
     files = PetabFiles.read(path)
     ptable = Table.read(files.parameters, ["parameterId", "parameterScale", "lowerBound", "upperBound",
                                            "nominalValue", "estimate"], "parameter")

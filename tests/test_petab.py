@@ -1,0 +1,221 @@
+"""PEtab import: the official PEtab test suite, the likelihood against the petab library, gradients
+against finite differences, and bad input named by file, line and column.
+
+The test suite's v1.0.0 SBML cases (PEtab-dev/petab_test_suite, BSD-3) are shipped under
+tests/data/petab_suite; each gives its expected llh, chi2 and simulations with tolerances.
+The benchmark collection's problems are tested in tests/test_petab_collection.py (slow).
+"""
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import pgpgm
+from pgpgm import DataError, ModelDefinitionError
+from pgpgm.solve import CVODE
+
+SUITE = Path(__file__).parent / "data" / "petab_suite" / "v1.0.0" / "sbml"
+CASES = sorted(p.name for p in SUITE.iterdir() if p.is_dir())
+
+
+def _case(name: str) -> Path:
+    return SUITE / name / f"_{name}.yaml"
+
+
+def test_the_suite_is_shipped_whole():
+    assert CASES == [f"{i:04d}" for i in range(1, 21)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_petab_test_suite_case(case):
+    """Each case passes: llh, chi2 and every simulated value within the case's tolerances."""
+    solution = yaml.safe_load((SUITE / case / f"_{case}_solution.yaml").read_text())
+    problem = pgpgm.load_petab(_case(case))
+    nominal = problem.nominal_parameters()
+    assert -problem.nll(nominal) == pytest.approx(solution["llh"], abs=solution["tol_llh"])
+    assert problem.chi2(nominal) == pytest.approx(solution["chi2"], abs=solution["tol_chi2"])
+    expected = pd.concat([pd.read_csv(SUITE / case / f, sep="\t") for f in solution["simulation_files"]])
+    simulated = problem.simulate(nominal)
+    assert list(simulated["observableId"]) == list(expected["observableId"])
+    np.testing.assert_allclose(simulated["time"], expected["time"].astype(float))
+    np.testing.assert_allclose(simulated["simulation"], expected["simulation"], rtol=0,
+                               atol=solution["tol_simulations"])
+
+
+def _petab_llh(problem, table: pd.DataFrame) -> float:
+    """The petab library's llh of ``table`` (a simulation table) for the problem's own files."""
+    import petab.v1 as petab
+
+    p = petab.Problem.from_yaml(problem.files.yaml)
+    sim = p.measurement_df.drop(columns="measurement").assign(simulation=table["simulation"].to_numpy())
+    return petab.calculate_llh(p.measurement_df, sim, p.observable_df, p.parameter_df)
+
+
+@pytest.mark.parametrize("case", ["0003", "0007", "0014", "0015", "0016"])
+def test_likelihood_equals_the_petab_librarys_on_the_same_simulation(case):
+    problem = pgpgm.load_petab(_case(case))
+    nominal = problem.nominal_parameters()
+    assert problem.nll(nominal) == pytest.approx(-_petab_llh(problem, problem.simulate(nominal)), rel=1e-12)
+
+
+def _variant(tmp_path: Path, case: str = "0001") -> Path:
+    """A copy of a suite case in ``tmp_path`` (its YAML path), for edits."""
+    target = tmp_path / case
+    shutil.copytree(SUITE / case, target)
+    return target / f"_{case}.yaml"
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (old, text)
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("transformation", ["lin", "log", "log10"])
+@pytest.mark.parametrize("distribution", ["normal", "laplace"])
+def test_noise_models_equal_the_petab_librarys(tmp_path, transformation, distribution):
+    """Laplace noise and every transformation, which the suite's v1.0.0 cases do not all cover."""
+    path = _variant(tmp_path)
+    obs = path.parent / "_observables.tsv"
+    table = pd.read_csv(obs, sep="\t")
+    table["observableTransformation"] = transformation
+    table["noiseDistribution"] = distribution
+    table.to_csv(obs, sep="\t", index=False)
+    problem = pgpgm.load_petab(path)
+    nominal = problem.nominal_parameters()
+    assert problem.nll(nominal) == pytest.approx(-_petab_llh(problem, problem.simulate(nominal)), rel=1e-12)
+
+
+def _check_gradient(problem, z, rtol):
+    f, g = problem.nll_and_gradient(z)
+    assert f == pytest.approx(problem.nll(problem.from_scale(z)), rel=1e-9)  # the solves with and without
+    # sensitivities differ in their error control only
+    h = 1e-5
+    fd = np.array([(problem.nll(problem.from_scale(z + h * e)) - problem.nll(problem.from_scale(z - h * e))) / (2 * h)
+                   for e in np.eye(z.size)])
+    np.testing.assert_allclose(g, fd, rtol=0, atol=rtol * np.abs(fd).max())
+
+
+@pytest.mark.parametrize("case", ["0010", "0015", "0016", "0018", "0019"])
+def test_gradient_equals_finite_differences(case):
+    """Forward sensitivities through preequilibration with a conservation law (0010), a rate rule
+    (0018), parametric noise (0015), log transformation (0016), estimated initial values (0019)."""
+    problem = pgpgm.load_petab(_case(case), solver=CVODE(rtol=1e-12, atol=1e-14))
+    z = problem.to_scale(problem.nominal_parameters()) + 0.1
+    _check_gradient(problem, z, 1e-6)
+
+
+def test_residuals_and_their_jacobian():
+    problem = pgpgm.load_petab(_case("0016"), solver=CVODE(rtol=1e-12, atol=1e-14))
+    assert problem.least_squares
+    z = problem.to_scale(problem.nominal_parameters()) + 0.1
+    r, jac = problem.residuals(z, jacobian=True)
+    nll = problem.nll(problem.from_scale(z))
+    sigma = problem._evaluate(problem._vector(problem.from_scale(z)), False).sigma
+    m = problem.measurements.value
+    log = np.array([problem.observables[o].transformation == "log" for o in problem.measurements.observable])
+    assert log.any() and not log.all()
+    # normal noise: nll = sum(0.5 log(2 pi sigma^2) + log m where log-transformed) + 0.5 |r|^2
+    const = np.sum(0.5 * np.log(2 * math.pi * sigma ** 2) + np.where(log, np.log(m), 0.0))
+    plain = problem.residuals(z)
+    assert nll == pytest.approx(const + 0.5 * plain @ plain, rel=1e-12)
+    np.testing.assert_allclose(r, plain, rtol=1e-8)  # (from the solve with sensitivities)
+    h = 1e-6
+    fd = np.stack([(problem.residuals(z + h * e) - problem.residuals(z - h * e)) / (2 * h) for e in np.eye(z.size)], 1)
+    np.testing.assert_allclose(jac, fd, rtol=1e-6, atol=1e-8)
+    assert not pgpgm.load_petab(_case("0015")).least_squares  # a noise parameter is estimated
+
+
+def test_parameters_on_their_scales():
+    problem = pgpgm.load_petab(_case("0019"))
+    assert [p.id for p in problem.estimated] == ["k1", "k2", "initial_A"]
+    assert [p.scale for p in problem.estimated] == ["lin", "lin", "log10"]
+    z = problem.to_scale(problem.nominal_parameters())
+    np.testing.assert_allclose(z, [0.8, 0.6, math.log10(2.0)])
+    assert problem.from_scale(z) == pytest.approx(problem.nominal_parameters())
+    lower, upper = problem.bounds()
+    np.testing.assert_allclose(lower, [0, 0, 0]) and np.testing.assert_allclose(upper, [10, 10, 1])
+    with pytest.raises(DataError, match="no values for the estimated parameters"):
+        problem.nll({"k1": 1.0})
+
+
+# ------------------------------------------------------------------------------------ bad input
+def test_yaml_naming_a_missing_file(tmp_path):
+    path = _variant(tmp_path)
+    _edit(path, "_measurements.tsv", "_nowhere.tsv")
+    with pytest.raises(DataError, match=r"_0001\.yaml: 'measurement_files' names _nowhere\.tsv, which does not exist"):
+        pgpgm.load_petab(path)
+    with pytest.raises(DataError, match="does not exist"):
+        pgpgm.load_petab(tmp_path / "missing.yaml")
+
+
+def test_sbml_that_does_not_parse(tmp_path):
+    path = _variant(tmp_path)
+    (path.parent / "_model.xml").write_text("<sbml><model id='x'><listOfSpecies><species id=</sbml>")
+    with pytest.raises(DataError, match=r"_model\.xml is not a valid SBML file \(line \d+"):
+        pgpgm.load_petab(path)
+
+
+def test_observable_naming_an_unknown_symbol(tmp_path):
+    path = _variant(tmp_path)
+    _edit(path.parent / "_observables.tsv", "\tA\t", "\tA + nowhere\t")
+    with pytest.raises(DataError, match=r"_observables\.tsv, line 2, column 'observableFormula': the symbol "
+                                        r"'nowhere' is no model entity"):
+        pgpgm.load_petab(path)
+
+
+def test_measurement_for_an_unknown_condition(tmp_path):
+    path = _variant(tmp_path)
+    table = pd.read_csv(path.parent / "_measurements.tsv", sep="\t")
+    table.loc[1, "simulationConditionId"] = "c9"
+    table.to_csv(path.parent / "_measurements.tsv", sep="\t", index=False)
+    with pytest.raises(DataError, match=r"_measurements\.tsv, line 3, column 'simulationConditionId': 'c9' is not "
+                                        "in the condition table"):
+        pgpgm.load_petab(path)
+
+
+def test_lower_bound_above_upper_bound(tmp_path):
+    path = _variant(tmp_path)
+    table = pd.read_csv(path.parent / "_parameters.tsv", sep="\t")
+    table.loc[2, ["lowerBound", "upperBound"]] = [5, 1]
+    table.to_csv(path.parent / "_parameters.tsv", sep="\t", index=False)
+    with pytest.raises(DataError, match=r"_parameters\.tsv, line 4, column 'upperBound': the upper bound 1 is below "
+                                        "the lower bound 5"):
+        pgpgm.load_petab(path)
+
+
+def test_bad_cells_are_named(tmp_path):
+    path = _variant(tmp_path)
+    _edit(path.parent / "_measurements.tsv", "0.7", "seven")
+    with pytest.raises(DataError, match=r"_measurements\.tsv, line 2, column 'measurement': 'seven' is not a number"):
+        pgpgm.load_petab(path)
+
+
+def test_events_are_refused_at_load_naming_the_event(tmp_path):
+    import libsbml
+
+    path = _variant(tmp_path)
+    doc = libsbml.readSBMLFromFile(str(path.parent / "_model.xml"))
+    event = doc.getModel().createEvent()
+    event.setId("dose")
+    event.setUseValuesFromTriggerTime(True)
+    trigger = event.createTrigger()
+    trigger.setMath(libsbml.parseL3Formula("time > 1"))
+    assignment = event.createEventAssignment()
+    assignment.setVariable("A")
+    assignment.setMath(libsbml.parseL3Formula("1"))
+    libsbml.writeSBMLToFile(doc, str(path.parent / "_model.xml"))
+    with pytest.raises(ModelDefinitionError, match="the event dose"):
+        pgpgm.load_petab(path)
+
+
+def test_petab_v2_is_refused(tmp_path):
+    path = _variant(tmp_path)
+    _edit(path, "format_version: 1", "format_version: 2.0.0")
+    with pytest.raises(ModelDefinitionError, match="pgpgm reads PEtab v1 problems"):
+        pgpgm.load_petab(path)
