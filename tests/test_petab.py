@@ -144,6 +144,19 @@ def test_parameters_on_their_scales():
         problem.nll({"k1": 1.0})
 
 
+def test_the_docs_page_examples_run_as_written(monkeypatch):
+    import re
+
+    page = Path(__file__).parent.parent / "docs" / "petab.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert len(blocks) == 2
+    monkeypatch.chdir(page.parent.parent)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)
+    assert namespace["nll"] == pytest.approx(138.2219978, rel=1e-8)  # the page's comment (AMICI: 138.22199774)
+
+
 # ------------------------------------------------------------------------------------ bad input
 def test_yaml_naming_a_missing_file(tmp_path):
     path = _variant(tmp_path)

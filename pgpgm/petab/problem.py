@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from .mapping import (
     read_parameters,
 )
 from .observables import Observable, likelihood_terms, read_observables
+from .reference import align_simulation, petab_llh
 from .sbml import SbmlModel, read_sbml
 from .simulation import Simulator, States, SteadyState
 from .tables import PetabFiles, Table
@@ -129,7 +131,7 @@ class PetabProblem:
             raise DataError(f"the parameters {bad} are not finite")
         return v
 
-    @property
+    @cached_property
     def _column(self) -> np.ndarray:
         est = np.array([p.estimate for p in self.parameters], bool)
         return np.where(est, np.cumsum(est) - 1, -1)
@@ -265,10 +267,25 @@ class PetabProblem:
         table["time"] = self.measurements.time
         return table
 
+    def align(self, table: pd.DataFrame | str | Path) -> np.ndarray:
+        """The simulated values of another tool's simulation table (a frame or a TSV file), in the
+        order of this problem's measurements (D,); see
+        :func:`pgpgm.petab.reference.align_simulation`."""
+        path = table if isinstance(table, str | Path) else "the simulation table"
+        if isinstance(table, str | Path):
+            table = Table.read(Path(table), ["simulation", "time"], "simulation").frame
+        return align_simulation(self.measurements.frame, table, path)
+
+    def petab_llh(self, simulation) -> float:
+        """The petab library's log-likelihood of simulated values (D,) in the order of this problem's
+        measurements (an independent check of :meth:`nll`; needs the problem's files)."""
+        return petab_llh(self.files.yaml, simulation)
+
     def __repr__(self) -> str:
         return (f"PetabProblem({self.files.yaml.name}: {len(self.model.states)} states, "
                 f"{len(self.estimated)} of {len(self.parameters)} parameters estimated, "
-                f"{len(self.conditions.ids)} conditions, {self.measurements.value.size} measurements)")
+                f"{len(self.conditions.ids)} condition{'s' * (len(self.conditions.ids) != 1)}, "
+                f"{self.measurements.value.size} measurements)")
 
 
 def load_petab(path: str | Path, *, solver: Solver | None = None,

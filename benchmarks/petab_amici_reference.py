@@ -6,7 +6,7 @@ It imports neither pgpgm nor its dependencies: run it with a Python that has ``a
 environment, whose sympy it may move)::
 
     python -m venv /tmp/amici-venv && /tmp/amici-venv/bin/pip install amici petab
-    /tmp/amici-venv/bin/python benchmarks/petab_amici.py [--points points.json]
+    /tmp/amici-venv/bin/python benchmarks/petab_amici_reference.py [--points points.json]
 
 It writes ``benchmarks/results/petab_amici.json``, which ``benchmarks/petab_suite.py`` reads:
 per problem the llh at the nominal parameters and the simulation table's values (in the
