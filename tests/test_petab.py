@@ -81,11 +81,8 @@ def _edit(path: Path, old: str, new: str) -> None:
 def test_noise_models_equal_the_petab_librarys(tmp_path, transformation, distribution):
     """Laplace noise and every transformation, which the suite's v1.0.0 cases do not all cover."""
     path = _variant(tmp_path)
-    obs = path.parent / "_observables.tsv"
-    table = pd.read_csv(obs, sep="\t")
-    table["observableTransformation"] = transformation
-    table["noiseDistribution"] = distribution
-    table.to_csv(obs, sep="\t", index=False)
+    _set_cells(path, "_observables.tsv", 0, ["observableTransformation", "noiseDistribution"],
+               [transformation, distribution])
     problem = pgpgm.load_petab(path)
     nominal = problem.nominal_parameters()
     assert problem.nll(nominal) == pytest.approx(-_petab_llh(problem, problem.simulate(nominal)), rel=1e-12)
@@ -182,30 +179,35 @@ def test_observable_naming_an_unknown_symbol(tmp_path):
         pgpgm.load_petab(path)
 
 
-def test_measurement_for_an_unknown_condition(tmp_path):
-    path = _variant(tmp_path)
-    table = pd.read_csv(path.parent / "_measurements.tsv", sep="\t")
-    table.loc[1, "simulationConditionId"] = "c9"
-    table.to_csv(path.parent / "_measurements.tsv", sep="\t", index=False)
-    with pytest.raises(DataError, match=r"_measurements\.tsv, line 3, column 'simulationConditionId': 'c9' is not "
-                                        "in the condition table"):
-        pgpgm.load_petab(path)
+def _set_cells(path: Path, table: str, row: int, columns: list[str], values: list) -> None:
+    """Set cells of the table file ``table`` beside the problem's YAML ``path`` (``row`` from 0)."""
+    frame = pd.read_csv(path.parent / table, sep="\t", dtype=str, keep_default_na=False)
+    frame.loc[row, columns] = [str(v) for v in values]
+    frame.to_csv(path.parent / table, sep="\t", index=False)
 
 
-def test_lower_bound_above_upper_bound(tmp_path):
-    path = _variant(tmp_path)
-    table = pd.read_csv(path.parent / "_parameters.tsv", sep="\t")
-    table.loc[2, ["lowerBound", "upperBound"]] = [5, 1]
-    table.to_csv(path.parent / "_parameters.tsv", sep="\t", index=False)
-    with pytest.raises(DataError, match=r"_parameters\.tsv, line 4, column 'upperBound': the upper bound 1 is below "
-                                        "the lower bound 5"):
-        pgpgm.load_petab(path)
+BAD_CELLS = [
+    # (table, row, columns, values, fragment of the message)
+    ("_measurements.tsv", 1, ["simulationConditionId"], ["c9"],
+     r"_measurements\.tsv, line 3, column 'simulationConditionId': 'c9' is not in the condition table"),
+    ("_parameters.tsv", 1, ["lowerBound", "upperBound"], [5, 1],
+     r"_parameters\.tsv, line 3, column 'upperBound': the upper bound 1 is below the lower bound 5"),
+    ("_measurements.tsv", 0, ["measurement"], ["seven"],
+     r"_measurements\.tsv, line 2, column 'measurement': 'seven' is not a number"),
+    ("_measurements.tsv", 0, ["observableId"], ["obs_z"],
+     r"_measurements\.tsv, line 2, column 'observableId': 'obs_z' is not in the observable table"),
+    ("_conditions.tsv", 1, ["a0"], ["k9"],
+     r"_conditions\.tsv, line 3, column 'a0': 'k9' is neither a number nor a parameter of the parameter table"),
+    ("_parameters.tsv", 0, ["parameterScale"], ["ln"], r"_parameters\.tsv, line 2, column 'parameterScale': 'ln' is not"),
+]
 
 
-def test_bad_cells_are_named(tmp_path):
-    path = _variant(tmp_path)
-    _edit(path.parent / "_measurements.tsv", "0.7", "seven")
-    with pytest.raises(DataError, match=r"_measurements\.tsv, line 2, column 'measurement': 'seven' is not a number"):
+@pytest.mark.parametrize("table, row, columns, values, message", BAD_CELLS,
+                         ids=[f"{b[0]}:{b[2][-1]}" for b in BAD_CELLS])
+def test_bad_cells_are_named_by_file_line_and_column(tmp_path, table, row, columns, values, message):
+    path = _variant(tmp_path, "0002")
+    _set_cells(path, table, row, columns, values)
+    with pytest.raises(DataError, match=message):
         pgpgm.load_petab(path)
 
 
