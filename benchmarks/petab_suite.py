@@ -90,7 +90,7 @@ def collection_rows(amici: dict) -> list[dict]:
         if "llh" in amici.get(name, {}):
             row["-llh (AMICI)"] = -amici[name]["llh"]
             row["rel. to AMICI"] = abs(nll + amici[name]["llh"]) / abs(amici[name]["llh"])
-            row["max rel. sim. error (AMICI)"] = _relative(simulated, np.array(amici[name]["simulation"]))
+            row["max rel. sim. error (AMICI)"] = _relative(simulated, problem.align(pd.DataFrame(amici[name]["table"])))
         rows.append(row)
     return rows
 
