@@ -119,7 +119,7 @@ def main() -> None:
     for name in names:
         try:
             report[name] = nominal(name)
-        except Exception as exc:  # reported, so that one problem AMICI refuses does not hide the others
+        except Exception as exc:  # noqa: BLE001 - reported, so that one problem AMICI refuses does not hide the others
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(name, {k: v for k, v in report[name].items() if k != "table"}, flush=True)
     if args.points:

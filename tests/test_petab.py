@@ -145,7 +145,7 @@ def test_the_docs_page_examples_run_as_written(monkeypatch):
     import re
 
     page = Path(__file__).parent.parent / "docs" / "petab.md"
-    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
     assert len(blocks) == 2
     monkeypatch.chdir(page.parent.parent)
     namespace: dict = {}

@@ -60,7 +60,7 @@ def _amici(name: str, problem) -> tuple[float, np.ndarray] | None:
 
 
 def test_nll_equals_the_petab_librarys_llh_of_our_own_simulation(nominal):
-    name, problem, nll, simulated, _ = nominal
+    _, problem, nll, simulated, _ = nominal
     assert nll == pytest.approx(-problem.petab_llh(simulated), rel=1e-12)
 
 

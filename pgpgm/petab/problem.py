@@ -289,14 +289,15 @@ class PetabProblem:
 
 
 def load_petab(path: str | Path, *, solver: Solver | None = None,
-               steady_state: SteadyState = SteadyState()) -> PetabProblem:
+               steady_state: SteadyState | None = None) -> PetabProblem:
     """Read a PEtab v1 problem from its YAML file.
 
     Parameters
     ----------
     path : the problem's YAML file
     solver : the ODE solver (default: CVODE with rtol 1e-10, atol 1e-12)
-    steady_state : the test of a steady state (preequilibration, ``time = inf`` measurements)
+    steady_state : the test of a steady state (preequilibration, ``time = inf`` measurements; default
+        :class:`SteadyState`())
 
     Returns
     -------
@@ -327,7 +328,7 @@ def load_petab(path: str | Path, *, solver: Solver | None = None,
         mtables, {o.id: (o.n_observable, o.n_noise) for o in observables}, conditions, index)
     _check_constants(model, conditions, experiments, parameters)
     solver = CVODE(rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL) if solver is None else solver
-    simulator = Simulator(model, conditions, experiments, solver, steady_state)
+    simulator = Simulator(model, conditions, experiments, solver, steady_state or SteadyState())
     return PetabProblem(files, model, parameters, conditions, experiments, measurements, observables, simulator)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import sympy as sp
@@ -123,7 +124,7 @@ class Simulator:
         grid = self.steady.times
         theta = constants[self._param]
         x = x0
-        for start, stop in zip(grid[:-1], grid[1:]):
+        for start, stop in pairwise(grid):
             x = self._solve(np.array([start, stop]), constants, x, None, None)[0][-1]
             f = self.model.system.rhs(stop, x, theta)
             if np.all(np.abs(f) <= self.steady.atol + self.steady.rtol * np.abs(x)):
