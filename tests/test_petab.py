@@ -128,6 +128,33 @@ def test_residuals_and_their_jacobian():
     assert not pgpgm.load_petab(_case("0015")).least_squares  # a noise parameter is estimated
 
 
+def test_experiment_inputs_solve_to_the_simulation():
+    """The per-experiment parameters and initial states a fitter gets, solved by pgpgm's Integrator,
+    give the problem's own simulation (0019: initial values from a parameter on the log10 scale)."""
+    problem = pgpgm.load_petab(_case("0019"))
+    z = problem.to_scale(problem.nominal_parameters()) + 0.1
+    (inputs,) = problem.experiment_inputs(z)
+    assert inputs.condition == "c0" and inputs.preequilibration is None and not inputs.steady_state
+    assert problem.system.states == ("A", "B")
+    np.testing.assert_allclose(inputs.x0, [10 ** (math.log10(2.0) + 0.1), 3.0])  # initial_A, initial_B fixed
+    states = pgpgm.Integrator(problem.system, inputs.times, problem.simulator.solver).solve(inputs.theta, inputs.x0)
+    simulated = problem.simulate(problem.from_scale(z))
+    np.testing.assert_allclose(simulated["simulation"], states[np.searchsorted(inputs.times, simulated["time"]), 0],
+                               rtol=1e-12)
+    preeq = pgpgm.load_petab(_case("0010")).experiment_inputs(np.array([0.6]))[0]
+    assert preeq.preequilibration == "preeq_c0"
+    assert np.isnan(preeq.x0[0]) and preeq.x0[1] == 1.0  # A from the steady state, B reset by c0
+
+
+def test_residuals_refuse_laplace_noise(tmp_path):
+    path = _variant(tmp_path)
+    _set_cells(path, "_observables.tsv", 0, ["noiseDistribution"], ["laplace"])
+    problem = pgpgm.load_petab(path)
+    assert not problem.least_squares
+    with pytest.raises(DataError, match="Laplace noise"):
+        problem.residuals(problem.to_scale(problem.nominal_parameters()))
+
+
 def test_parameters_on_their_scales():
     problem = pgpgm.load_petab(_case("0019"))
     assert [p.id for p in problem.estimated] == ["k1", "k2", "initial_A"]

@@ -32,7 +32,7 @@ from .mapping import (
 from .observables import Observable, likelihood_terms, read_observables
 from .reference import align_simulation, petab_llh
 from .sbml import SbmlModel, read_sbml
-from .simulation import Simulator, States, SteadyState
+from .simulation import ExperimentInputs, Simulator, States, SteadyState
 from .tables import PetabFiles, Table
 
 #: The solver tolerances of PEtab problems unless :func:`load_petab` is given a solver: tighter than
@@ -141,7 +141,7 @@ class PetabProblem:
         states: States = self.simulator.run(v, self._column if derivatives else None)
         m = self.measurements
         consts = self.conditions.constants.take(v)
-        dconsts = self.conditions.constants.jacobian(self._column) if derivatives else None
+        dconsts = self._constant_jacobian if derivatives else None
         sim = np.array([p[1] for p in self.experiments.pairs])[m.experiment]  # (D,) simulation condition
         placeholders = {"o": m.observable_parameters, "n": m.noise_parameters}
         D, Ve = m.value.size, len(self.estimated)
@@ -196,8 +196,18 @@ class PetabProblem:
             if self._column[i] >= 0:
                 d[:, self._column[i]] = 1.0
             return d
-        source = m.observable_parameters if kind == "o" else m.noise_parameters
-        return source.jacobian(self._column)[rows, i]
+        return self._placeholder_jacobians[kind][rows, i]
+
+    @cached_property
+    def _constant_jacobian(self) -> np.ndarray:
+        """d constant / d estimated parameters, (C, M, V_e)."""
+        return self.conditions.constants.jacobian(self._column)
+
+    @cached_property
+    def _placeholder_jacobians(self) -> dict[str, np.ndarray]:
+        """d placeholder value / d estimated parameters, (D, K, V_e), for 'o' and 'n'."""
+        m = self.measurements
+        return {"o": m.observable_parameters.jacobian(self._column), "n": m.noise_parameters.jacobian(self._column)}
 
     # ------------------------------------------------------------------------------ public scores
     def nll(self, parameters: Mapping[str, float]) -> float:
@@ -218,12 +228,21 @@ class PetabProblem:
         grad = ev.d_nll.sum(0) * self._scale_derivative(v)
         return float(ev.nll.sum()), grad
 
+    def experiment_inputs(self, z) -> list[ExperimentInputs]:
+        """Each experiment's ODE parameters and initial states (what :attr:`system` is solved with) at
+        ``z`` (V_e,) on the parameters' scales; see :class:`~pgpgm.petab.simulation.ExperimentInputs`."""
+        return self.simulator.inputs(self._vector(self.from_scale(z)))
+
     def residuals(self, z, jacobian: bool = False):
         """The weighted residuals (T(h) - T(m)) / sigma of all measurements (D,) at ``z`` (V_e,) on the
         parameters' scales, and with ``jacobian`` their derivatives (D, V_e).
 
         Half their sum of squares differs from :meth:`nll` by a constant only where every noise
         model is normal and no sigma depends on an estimated parameter (:attr:`least_squares`)."""
+        laplace = [o.id for o in self.observables if o.distribution != "normal"]
+        if laplace:
+            raise DataError(f"the observables {laplace} have Laplace noise, whose likelihood is no sum of squares; "
+                            "fit with nll_and_gradient")
         v = self._vector(self.from_scale(z))
         ev = self._evaluate(v, jacobian)
         if not jacobian:

@@ -59,6 +59,31 @@ class States:
     dx: np.ndarray | None
 
 
+@dataclass(frozen=True, eq=False)
+class ExperimentInputs:
+    """What one experiment's simulation starts from, for given parameter values.
+
+    Attributes
+    ----------
+    condition : the simulation condition's id
+    preequilibration : the preequilibration condition's id, or None
+    times : (N,) the output times, from 0 (a steady-state measurement is not among them)
+    theta : (P,) the ODE system's parameters in the simulation condition (``system.parameters`` order)
+    x0 : (S,) the states at t = 0; NaN where a state starts from the preequilibration's steady state
+    theta_preequilibration, x0_preequilibration : the same for the preequilibration (None without)
+    steady_state : whether a measurement is at the simulation condition's steady state
+    """
+
+    condition: str
+    preequilibration: str | None
+    times: np.ndarray
+    theta: np.ndarray
+    x0: np.ndarray
+    theta_preequilibration: np.ndarray | None
+    x0_preequilibration: np.ndarray | None
+    steady_state: bool
+
+
 @dataclass(eq=False)
 class Simulator:
     """Solves the experiments of one problem (holds the compiled initial values and the integrators).
@@ -98,12 +123,16 @@ class Simulator:
 
     # ------------------------------------------------------------------------------- solves
     def integrator(self, times: np.ndarray, theta: np.ndarray) -> Integrator:
-        breaks = tuple(b for f in self._switches for b in np.atleast_1d(f(*theta)).real
-                       if np.isfinite(b) and times[0] < b < times[-1])
-        key = (times.tobytes(), breaks)
-        if key not in self._integrators:
-            self._integrators[key] = Integrator(self.model.system, times, self.solver, breakpoints=breaks)
-        return self._integrators[key]
+        """The integrator of ``times`` that stops at the switches for the parameters ``theta``: one is
+        kept per output grid, replaced when the switching times move (an estimated switching time)."""
+        breaks = tuple(sorted(b for f in self._switches for b in np.atleast_1d(f(*theta)).real
+                              if np.isfinite(b) and times[0] < b < times[-1]))
+        key = times.tobytes()
+        kept = self._integrators.get(key)
+        if kept is None or kept[0] != breaks:
+            kept = self._integrators[key] = (breaks, Integrator(self.model.system, times, self.solver,
+                                                                breakpoints=breaks))
+        return kept[1]
 
     def _solve(self, times, constants, x0, dx0, dconst):
         """States at ``times`` from ``x0`` (and their sensitivities where ``dx0`` is given)."""
@@ -170,6 +199,19 @@ class Simulator:
                 xs.append(xe[None])
                 dxs.append(dxe[None] if sens else None)
         return States(np.concatenate(xs), np.concatenate(dxs) if sens else None)
+
+    def inputs(self, v: np.ndarray) -> list[ExperimentInputs]:
+        """Each experiment's parameters and initial states for the parameter table's values ``v`` (V,)."""
+        c = self.conditions
+        consts, init = c.constants.take(v), c.initial.take(v)
+        out = []
+        for (pre, sim), times, steady in zip(self.experiments.pairs, self.experiments.times, self.experiments.steady):
+            start = self.initial(consts[sim]) if pre < 0 else np.full(len(self.model.states), np.nan)
+            pre_x0 = np.where(c.reset[pre], init[pre], self.initial(consts[pre])) if pre >= 0 else None
+            out.append(ExperimentInputs(c.ids[sim], c.ids[pre] if pre >= 0 else None, times,
+                                        consts[sim][self._param], np.where(c.reset[sim], init[sim], start),
+                                        consts[pre][self._param] if pre >= 0 else None, pre_x0, steady))
+        return out
 
     def _check_start(self, x0: np.ndarray, condition: int) -> None:
         bad = ~np.isfinite(x0)
