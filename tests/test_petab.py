@@ -146,6 +146,15 @@ def test_experiment_inputs_solve_to_the_simulation():
     assert np.isnan(preeq.x0[0]) and preeq.x0[1] == 1.0  # A from the steady state, B reset by c0
 
 
+def test_a_problem_pickles():
+    import pickle
+
+    problem = pgpgm.load_petab(_case("0010"))
+    nominal = problem.nominal_parameters()
+    problem.nll_and_gradient(problem.to_scale(nominal))  # compiled functions and integrators built
+    assert pickle.loads(pickle.dumps(problem)).nll(nominal) == problem.nll(nominal)
+
+
 def test_residuals_refuse_laplace_noise(tmp_path):
     path = _variant(tmp_path)
     _set_cells(path, "_observables.tsv", 0, ["noiseDistribution"], ["laplace"])

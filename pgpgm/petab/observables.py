@@ -65,6 +65,9 @@ class Observable:
         return (sp.lambdify(self.symbols, values, modules="numpy", cse=True, dummify=True),
                 sp.lambdify(self.symbols, grads, modules="numpy", cse=True, dummify=True))
 
+    def __getstate__(self):  # the compiled functions are rebuilt, not pickled
+        return {k: v for k, v in self.__dict__.items() if k != "_functions"}
+
     def evaluate(self, columns: list[np.ndarray], derivatives: bool = False):
         """h and sigma for D measurements, from one column (D,) per input.
 

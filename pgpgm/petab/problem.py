@@ -212,7 +212,15 @@ class PetabProblem:
     # ------------------------------------------------------------------------------ public scores
     def nll(self, parameters: Mapping[str, float]) -> float:
         """PEtab's negative log-likelihood at ``parameters`` (id -> value, linear scale; fixed
-        parameters default to their nominal values): minus the PEtab test suite's ``llh``."""
+        parameters default to their nominal values): minus the PEtab test suite's ``llh``.
+
+        Raises
+        ------
+        DataError
+            An unknown id, a missing estimated parameter, a value that is not finite.
+        ODESolveError
+            A solve fails, a steady state is not reached, or an initial value is not finite
+            (also raised by the other scores and :meth:`nll_and_gradient`)."""
         return float(self._evaluate(self._vector(parameters), False).nll.sum())
 
     def chi2(self, parameters: Mapping[str, float]) -> float:

@@ -112,6 +112,13 @@ class Simulator:
         self._param = np.array(m.parameter_index, int)
         self._switches = _switch_times(m)
 
+    def __getstate__(self):  # compiled functions and native integrators are rebuilt, not pickled
+        return {k: getattr(self, k) for k in ("model", "conditions", "experiments", "solver", "steady")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _integrators={})
+        self.__post_init__()
+
     # ------------------------------------------------------------------------ initial values
     def initial(self, constants: np.ndarray) -> np.ndarray:
         """The model's initial states (S,) for the constants (M,)."""
