@@ -247,21 +247,44 @@ def test_bad_cells_are_named_by_file_line_and_column(tmp_path, table, row, colum
         pgpgm.load_petab(path)
 
 
-def test_events_are_refused_at_load_naming_the_event(tmp_path):
+def _add_event(model, libsbml):
+    event = model.createEvent()
+    event.setId("dose")
+    event.setUseValuesFromTriggerTime(True)
+    event.createTrigger().setMath(libsbml.parseL3Formula("time > 1"))
+    assignment = event.createEventAssignment()
+    assignment.setVariable("A")
+    assignment.setMath(libsbml.parseL3Formula("1"))
+
+
+def _add_algebraic_rule(model, libsbml):
+    model.createAlgebraicRule().setMath(libsbml.parseL3Formula("A + B - 1"))
+
+
+def _delay_in_a_rate(model, libsbml):
+    law = model.getReaction(0).getKineticLaw()
+    law.setMath(libsbml.parseL3Formula(f"delay({libsbml.formulaToL3String(law.getMath())}, 1)"))
+
+
+def _floor_in_a_rate(model, libsbml):
+    law = model.getReaction(0).getKineticLaw()
+    law.setMath(libsbml.parseL3Formula(f"floor({libsbml.formulaToL3String(law.getMath())})"))
+
+
+REFUSED = [(_add_event, "the event dose"), (_add_algebraic_rule, "an algebraic rule"),
+           (_delay_in_a_rate, r"the function delay in the kinetic law of reaction"),
+           (_floor_in_a_rate, r"the math of the kinetic law of reaction \w+: floor is not part of the equation language")]
+
+
+@pytest.mark.parametrize("edit, message", REFUSED, ids=[r[0].__name__ for r in REFUSED])
+def test_unsupported_sbml_is_refused_at_load_naming_the_element(tmp_path, edit, message):
     import libsbml
 
     path = _variant(tmp_path)
     doc = libsbml.readSBMLFromFile(str(path.parent / "_model.xml"))
-    event = doc.getModel().createEvent()
-    event.setId("dose")
-    event.setUseValuesFromTriggerTime(True)
-    trigger = event.createTrigger()
-    trigger.setMath(libsbml.parseL3Formula("time > 1"))
-    assignment = event.createEventAssignment()
-    assignment.setVariable("A")
-    assignment.setMath(libsbml.parseL3Formula("1"))
+    edit(doc.getModel(), libsbml)
     libsbml.writeSBMLToFile(doc, str(path.parent / "_model.xml"))
-    with pytest.raises(ModelDefinitionError, match="the event dose"):
+    with pytest.raises(ModelDefinitionError, match=message):
         pgpgm.load_petab(path)
 
 
