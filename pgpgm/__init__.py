@@ -5,18 +5,22 @@ The package reads as the pipeline, each layer importing only the ones above it i
 
 - ``errors``, ``checks`` (input checks), ``progress``, ``processes`` - leaves;
 - ``codegen/`` - sympy to numba source, templates specialised per model, the disk cache;
-- ``ode/`` - the model: equation language, :class:`ODESystem`, its compiled kernels, log transforms;
+- ``ode/`` - the model: equation language, :class:`ODESystem`, its compiled functions, log transforms;
 - ``solve/`` - solver objects (one module per backend), the :class:`Integrator`, the PyTensor Op;
 - ``data``, ``priors``, ``noise``, ``observables`` - measurements, prior specifications, noise models,
   measured functions of the states (:class:`Observables`);
+- ``petab/`` - problems written by others: PEtab's SBML and tables (:func:`load_petab`);
+- ``refinement/`` - least squares of the ODE solution (:func:`refine`): step 3, and step 2's stop rule's tool;
 - ``gp/`` - step 1, a Gaussian process per observed state;
-- ``matching/`` - step 2, the gradient-matching density and its sampler (:func:`sample`);
-- ``refinement/`` - step 3, least squares of the ODE solution (:func:`refine`), bound checks;
+- ``matching/`` - step 2, the gradient-matching density, its sampler (:func:`sample`) and stop rules;
 - ``posterior/`` - step 4, NUTS on the ODE model within a budget, diagnostics;
-- ``stopping`` - step 2's default stop rule, which runs step 3's refinement;
-- the application: ``plots``, ``result``, ``logscale``, ``simulate``, ``spec`` (model files),
-  ``pipeline`` (:func:`fit`, a composition of the steps), ``study`` (many experiments in one fit,
-  hierarchical parameters: :func:`fit_study`), ``batch`` (many fits), ``cli``.
+- ``plots``, ``fit_result``, ``logscale``, ``simulate``, ``spec`` (model files), ``datasets``;
+- ``study/`` (many experiments: design, joint least squares, joint model), ``study_result``;
+- ``steps/`` - the steps of a fit (options, prepare, match, refine, posterior, report);
+- ``fitting`` - :func:`fit` and :func:`fit_study`, compositions of the steps;
+- ``batch`` (many fits), ``versions``, ``cli``.
+
+The package map, docs/architecture.md, draws the tree.
 
 The public API below is loaded on first use (SPEC 1, ``lazy_loader``): ``import pgpgm`` and
 ``pgpgm --help`` do not import PyMC, ArviZ and SymPy (~3 s); the first ``pgpgm.fit`` (or any
@@ -28,7 +32,7 @@ import lazy_loader as _lazy
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
     submodules=["batch", "codegen", "data", "datasets", "errors", "fit_result", "fitting", "gp", "matching", "observables",
-                "ode", "posterior", "priors", "refinement", "sensitivity", "solve", "spec", "steps", "study",
+                "ode", "petab", "posterior", "priors", "refinement", "sensitivity", "solve", "spec", "steps", "study",
                 "study_result"],
     submod_attrs={
         "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
@@ -44,6 +48,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "ode.transform": ["LogScale", "log_transform"],
         "fitting": ["fit", "fit_study"],
         "steps.options": ["Laplace", "NUTS"],
+        "petab": ["PetabProblem", "load_petab"],
         "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
         "priors": ["Priors"],
         "observables": ["Observables"],

@@ -23,12 +23,17 @@ OPTIONAL_MODULES = MappingProxyType({
     "tabulate": "tables",    # Markdown tables in the CLI summary
     "dask": "dask",          # fits on a dask cluster
     "distributed": "dask",
+    "petab": "petab",        # PEtab problems (pgpgm.load_petab): the tables and formulas
+    "libsbml": "petab",      # their SBML models
+    "sbmlmath": "petab",     # SBML math to sympy
+    "yaml": "petab",         # the problem's YAML file
 })
 
 #: Distributions reported, in order (optional ones say how to install them when absent).
 _CORE = ("pymc", "pytensor", "arviz", "numpy", "scipy", "sympy", "numba", "llvmlite", "xarray", "pandas",
          "h5netcdf", "h5py", "scikit-sundae", "matplotlib", "nutpie")
-_OPTIONAL = (("tabulate", "tables"), ("dask", "dask"), ("distributed", "dask"))
+_OPTIONAL = (("tabulate", "tables"), ("dask", "dask"), ("distributed", "dask"), ("petab", "petab"),
+             ("python-libsbml", "petab"), ("sbmlmath", "petab"))
 
 
 def _version(dist: str) -> str | None:
@@ -55,7 +60,8 @@ def version_info() -> dict[str, str]:
     Labels: ``python``, ``executable``, ``platform``, ``pgpgm``, one per core dependency
     (``pymc``, ``pytensor``, ``arviz``, ``numpy``, ``scipy``, ``sympy``, ``numba``,
     ``llvmlite``, ``xarray``, ``pandas``, ``h5netcdf``, ``h5py``, ``scikit-sundae``,
-    ``matplotlib``, ``nutpie``), the optional ``tabulate``, ``dask``, ``distributed``,
+    ``matplotlib``, ``nutpie``), the optional ``tabulate``, ``dask``, ``distributed``, ``petab``,
+    ``python-libsbml``, ``sbmlmath``,
     then ``SUNDIALS``, ``SUNDIALS library``, ``ODE backend``, ``numba cache`` and
     ``PyTensor compiledir``.
     """

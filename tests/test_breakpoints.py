@@ -202,3 +202,13 @@ def test_least_squares_reaches_one_optimum_from_several_starts(pk):
             r = refine(prob, np.array(start), bounds, warn=False)
             assert abs(r.nll - ref_nll) <= 1e-8 * abs(ref_nll), (start, r.nll, ref_nll)
             np.testing.assert_allclose(r.theta[:2], ref.x, rtol=1e-6)
+
+
+def test_integrator_stops_at_breakpoints_it_is_given():
+    """A switch at a parameter's value (t < tau) is no breakpoint of the system; given to the integrator,
+    every solve stops there: dx/dt = 1 until tau, 0 after, so x(10) = tau exactly."""
+    system = pgpgm.ODESystem.from_equations({"x": "where(t < tau, 1, 0)"}, ["tau"])
+    times = np.array([0.0, 5.0, 10.0])
+    integ = pgpgm.Integrator(system, times, pgpgm.CVODE(rtol=1e-10, atol=1e-12), breakpoints=[3.3, 12.0])
+    np.testing.assert_array_equal(integ.breakpoints, [3.3])  # outside the span: ignored
+    np.testing.assert_allclose(integ.solve([3.3], [0.0])[:, 0], [0.0, 3.3, 3.3], rtol=1e-12, atol=1e-12)

@@ -23,6 +23,7 @@ LAYERS = (
     ("pgpgm.solve",),  # ODE solvers, the PyTensor Op
     ("pgpgm.data", "pgpgm.priors", "pgpgm.noise", "pgpgm.observables"),  # measurements, priors, noise models,
     # observables
+    ("pgpgm.petab",),  # PEtab problems: SBML and tables to an ODESystem, their likelihood
     ("pgpgm.refinement",),  # least squares of the ODE solution: step 3, and the tool of step 2's stop rule
     ("pgpgm.gp",),  # step 1
     ("pgpgm.matching",),  # step 2, its stop rules among it
@@ -246,3 +247,13 @@ def test_the_map_reader_sees_a_missing_module(monkeypatch, tmp_path):
     (tmp_path / "docs" / "architecture.md").write_text(page.replace("│   ├── budget.py", "│   ├── budgets.py"))
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "pgpgm")
     assert "pgpgm/posterior/budgets.py" in _mapped_tree() and "pgpgm/posterior/budget.py" not in _mapped_tree()
+
+
+def test_every_subpackage_is_in_the_wheel():
+    """pyproject.toml lists the packages a wheel holds: every folder of pgpgm with an ``__init__.py``
+    (a missing one installs from a checkout in editable mode and breaks a real install)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT.parent).parts) for p in ROOT.rglob("__init__.py")}
+    assert found <= listed

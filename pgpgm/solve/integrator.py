@@ -47,6 +47,10 @@ class Integrator:
     system : ODESystem
     times : array (N,), strictly increasing output times; the solve starts at ``times[0]``
     solver : Solver (default :func:`pgpgm.default_solver`)
+    breakpoints : array (B,), optional
+        More times at which the right-hand side switches, for the parameter values these solves
+        use (a switch at a parameter's value, ``t < tau``, which the system cannot place itself);
+        those outside the open span are ignored.
 
     Attributes
     ----------
@@ -64,10 +68,12 @@ class Integrator:
         counter per compiled function, which equal Ops share: see :meth:`track_counter`).
     """
 
-    def __init__(self, system: ODESystem, times, solver: Solver | None = None):
+    def __init__(self, system: ODESystem, times, solver: Solver | None = None, breakpoints=()):
         self.system = system
         self.times = check_times(times)
-        self.breakpoints = system.breakpoints(self.times[0], self.times[-1])
+        extra = np.asarray(breakpoints, float).reshape(-1)
+        extra = extra[(extra > self.times[0]) & (extra < self.times[-1])]
+        self.breakpoints = np.union1d(system.breakpoints(self.times[0], self.times[-1]), extra)
         self.solver = default_solver() if solver is None else solver
         if not isinstance(self.solver, Solver):
             raise DataError(f"solver must be a pgpgm Solver such as pgpgm.CVODE(), got {self.solver!r}")
@@ -81,7 +87,7 @@ class Integrator:
         self._last: tuple[bytes, np.ndarray] | None = None
 
     def __reduce__(self):  # native memory is not picklable: rebuild it in the other process
-        return (Integrator, (self.system, self.times, self.solver))
+        return (Integrator, (self.system, self.times, self.solver, self.breakpoints))
 
     def track_counter(self, key: str, counter: np.ndarray) -> None:
         """Count the solves of compiled code that adds to ``counter`` (array (1,) int64), from
