@@ -14,10 +14,10 @@ The package reads as the pipeline, each layer importing only the ones above it i
 - ``gp/`` - step 1, a Gaussian process per observed state;
 - ``matching/`` - step 2, the gradient-matching density, its sampler (:func:`sample`) and stop rules;
 - ``posterior/`` - step 4, NUTS on the ODE model within a budget, diagnostics;
-- ``plots``, ``fit_result``, ``logscale``, ``simulate``, ``spec`` (model files), ``datasets``;
+- ``plots``, ``fit_result``, ``petab_result``, ``logscale``, ``simulate``, ``spec`` (model files), ``datasets``;
 - ``study/`` (many experiments: design, joint least squares, joint model), ``study_result``;
 - ``steps/`` - the steps of a fit (options, prepare, match, refine, posterior, report);
-- ``fitting`` - :func:`fit` and :func:`fit_study`, compositions of the steps;
+- ``fitting`` - :func:`fit`, :func:`fit_study` and :func:`fit_petab`, compositions of the steps;
 - ``batch`` (many fits), ``versions``, ``cli``.
 
 The package map, docs/architecture.md, draws the tree.
@@ -32,7 +32,7 @@ import lazy_loader as _lazy
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
     submodules=["batch", "codegen", "data", "datasets", "errors", "fit_result", "fitting", "gp", "matching", "observables",
-                "ode", "petab", "posterior", "priors", "refinement", "sensitivity", "solve", "spec", "steps", "study",
+                "ode", "petab", "petab_result", "posterior", "priors", "refinement", "sensitivity", "solve", "spec", "steps", "study",
                 "study_result"],
     submod_attrs={
         "batch": ["FitJob", "fit_many", "jobs_from_folder", "jobs_from_tidy_csv", "product_jobs"],
@@ -46,14 +46,16 @@ __getattr__, __dir__, __all__ = _lazy.attach(
                    "SamplingError"],
         "ode.system": ["ODESystem"],
         "ode.transform": ["LogScale", "log_transform"],
-        "fitting": ["fit", "fit_study"],
+        "fitting": ["fit", "fit_petab", "fit_study"],
         "steps.options": ["Laplace", "NUTS"],
         "petab": ["PetabProblem", "load_petab"],
         "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
         "priors": ["Priors"],
         "observables": ["Observables"],
         "refinement": ["LeastSquaresProblem", "ObservablesProblem", "Refinement", "refine"],
+        "refinement.multistart": ["MultiStart"],
         "fit_result": ["FitResult", "load_result"],
+        "petab_result": ["PetabResult"],
         "sensitivity": ["sensitivity_index"],
         "simulate": ["simulate"],
         "spec": ["Experiment", "ModelSpec", "available_models", "load_model"],

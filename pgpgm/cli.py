@@ -148,9 +148,12 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fit", parents=[debug], help="fit a model file to a tidy CSV (columns time,state,value; with "
                        "an experiment column, every experiment together: pgpgm.fit_study)")
-    f.add_argument("--model", required=True, type=Path, help="TOML model file ([equations], parameters, ...)")
-    f.add_argument("--data", required=True, type=Path, help="CSV with columns time,state,value, or "
+    f.add_argument("--model", type=Path, default=None, help="TOML model file ([equations], parameters, ...)")
+    f.add_argument("--data", type=Path, default=None, help="CSV with columns time,state,value, or "
                    "experiment,time,state,value for a study (many experiments, shared parameters)")
+    f.add_argument("--petab", type=Path, default=None, metavar="YAML",
+                   help="a PEtab problem's YAML file (SBML model and tables) instead of --model and --data: "
+                        "pgpgm.fit_petab")
     f.add_argument("--observe", nargs="+", default=None, help="observed states (default: all in the CSV)")
     f.add_argument("--x0", nargs="+", default=[], metavar="STATE=VALUE",
                    help="known initial values, held at --t0 (an observed state's too: leave it out to estimate it); "
@@ -459,7 +462,12 @@ def _grid_argument(items: list[str] | None) -> np.ndarray | None:
 
 
 def _fit(a) -> int:
-
+    if a.petab is not None:
+        if a.model is not None or a.data is not None:
+            raise UsageError("--petab holds the model and the data: give it without --model and --data")
+        return _fit_petab(a)
+    if a.model is None or a.data is None:
+        raise UsageError("fit needs --model and --data (or a PEtab problem: --petab problem.yaml)")
     spec = pgpgm.load_model(a.model)
     case = spec.case()
     states = spec.system.states
@@ -659,6 +667,36 @@ def _batch(a) -> int:
     counts = table["status"].value_counts()
     print(f"\n{len(table)} jobs: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; wrote {out}/")
     return 0 if not (table["status"] == "failed").any() else 1
+
+
+def _fit_petab(a) -> int:
+    """``pgpgm fit --petab problem.yaml``: :func:`pgpgm.fit_petab`; writes the PEtab tables of the estimates
+    (simulation.tsv, parameters.tsv), parameters.csv, fit.png and summary.md to ``--out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if not a.petab.is_file():
+        raise UsageError(f"--petab {a.petab}: no such file")
+    out = _check_out_folder(a.out or Path("results") / a.petab.stem)
+    problem = pgpgm.load_petab(a.petab)
+    try:
+        result = pgpgm.fit_petab(problem, posterior=_posterior(a), seed=a.seed, progressbar=not a.no_progress)
+    except (DataError, ModelDefinitionError):
+        raise
+    except Exception as exc:
+        raise FitFailed(f"the PEtab fit failed: {type(exc).__name__}: {exc}") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    result.to_petab(out)
+    table = result.parameter_table()
+    table.to_csv(out / "parameters.csv")
+    result.plot().savefig(out / "fit.png", dpi=120)
+    nominal = problem.nll(problem.nominal_parameters())
+    lines = [f"# {problem!r}", "", result.summary(), f"nll at the table's nominal parameters: {nominal:.6g}", "",
+             _table(table), "", "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items())]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"\nwrote {out}/simulation.tsv, parameters.tsv, parameters.csv, fit.png, summary.md")
+    return EXIT_OK
 
 
 def _posterior_options(a, default: object = None) -> dict:

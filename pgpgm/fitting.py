@@ -31,11 +31,13 @@ from .steps.options import (
     legacy_fit_kwargs,
     posterior_option,
 )
-from .steps.posterior import posterior_step, posterior_study
-from .steps.prepare import prepare, prepare_study
-from .steps.refine import refine_step, refine_study
-from .steps.report import report, report_study, warn_competing_experiments
+from .steps.posterior import posterior_petab, posterior_step, posterior_study
+from .steps.prepare import prepare, prepare_petab, prepare_study
+from .steps.refine import refine_petab, refine_step, refine_study
+from .steps.report import report, report_petab, report_study, warn_competing_experiments
 from .study.design import Study
+from .petab_result import PetabResult
+from .refinement.multistart import MultiStart
 from .study_result import StudyResult
 
 
@@ -280,3 +282,25 @@ def fit_study(system: ODESystem, study: Study, *, varying: Sequence[str] = (), h
     post = posterior_study(design, refined, options, timings) if options.posterior is not None else None
     timings["total"] = time.perf_counter() - started
     return report_study(design, fits, refined, post, options, timings)
+
+
+def fit_petab(problem, *, search: MultiStart | None = None, posterior: str | NUTS | Laplace | None = "nuts",
+              seed: int | None = 0, progressbar: bool = True) -> PetabResult:
+    """Fit a PEtab problem (:func:`load_petab`'s :class:`~pgpgm.petab.PetabProblem`, or its YAML file's path):
+    step 3's search over the estimated parameters' bounds on their scales - local fits from starts spread over
+    the box (scrambled Sobol, seeded by ``seed``), least squares where every noise is normal, until ``search.agree``
+    starts reach the best (:class:`~pgpgm.refinement.multistart.MultiStart`, default ``MultiStart()``; a failed
+    start is discarded and counted) - and step 4 on the posterior (``posterior``: ``"nuts"`` / :class:`NUTS`,
+    ``"laplace"`` / :class:`Laplace`, or None), as :func:`fit` runs them. Steps 1-2 (GPs on directly measured
+    states) do not run: PEtab's observables are functions of the states on their own scales.
+
+    Returns a :class:`~pgpgm.petab_result.PetabResult`: ``nll`` (PEtab's), ``petab_parameters`` (estimated ids ->
+    linear values), ``parameter_table()``, ``plot()``, ``to_petab(folder)``, step 4's ``posterior`` on the
+    parameters' scales. See docs/petab.md.
+    """
+    timings, started = {}, time.perf_counter()
+    options = fit_options(seed=seed, progressbar=progressbar, posterior=posterior_option(posterior, {}, who="fit_petab"))
+    design = prepare_petab(problem, options, MultiStart() if search is None else search)
+    refined = refine_petab(design, options, timings)  # step 3
+    post = posterior_petab(design, refined, options, timings)  # step 4
+    return report_petab(design, refined, post, options, timings, started)

@@ -431,7 +431,7 @@ def _save_paths(system, tmp_path):
     """``system`` written and read back by each way pgpgm writes a model: the equation language
     (:func:`format_expression`), ``to_dict``, a result file's system text, a result file, a TOML model file."""
     from pgpgm.ode.parse import format_expression, parse_expression
-    from pgpgm.result import _decode_system, _encode_system
+    from pgpgm.fit_result import _decode_system, _encode_system
 
     symbols = {s.name: s for s in (system.symbols[0], *system.symbols[1], *system.symbols[2])}
     equations = system.to_dict()["equations"]

@@ -206,35 +206,32 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error():
     assert stderr == ""
 
 
-@pytest.mark.parametrize("given, expected", [("12.5", 12.5), ("none", None), (None, "default")])
+@pytest.mark.parametrize("given, expected", [("12.5", pgpgm.PosteriorBudget(12.5, None)), ("none", None),
+                                             (None, pgpgm.PosteriorBudget())])
 def test_posterior_budget_option_reaches_the_fit(files, capture_call, given, expected):
-    """``--posterior-budget SECONDS|none`` is passed to :func:`pgpgm.fit` (absent: fit's default)."""
+    """``--posterior-budget SECONDS|none`` reaches :func:`pgpgm.fit` as ``posterior=pgpgm.NUTS(budget=...)``
+    (absent: NUTS's default budget)."""
     tmp_path, _ = files
     seen = capture_call(pgpgm, "fit")
-    extra = [] if given is None else ["--posterior-budget", given]
+    extra = ["--posterior", "nuts"] + ([] if given is None else ["--posterior-budget", given])
     with pytest.raises(capture_call.stop):
         main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
-    if expected == "default":
-        assert "posterior_budget" not in seen
-    else:
-        assert seen["posterior_budget"] == expected
+    assert not {"posterior_budget", "posterior_draws", "nuts_sampler"} & set(seen)  # one way to set step 4
+    assert isinstance(seen["posterior"], pgpgm.NUTS) and seen["posterior"].budget == expected
 
 
 @pytest.mark.parametrize("given, expected", [("0.02", 0.02), ("none", None), (None, "default")])
 def test_posterior_sd_error_option_reaches_the_fit_as_a_nuts_spec(files, capture_call, given, expected):
     """``--posterior-sd-error FRACTION|none`` reaches :func:`pgpgm.fit` as ``pgpgm.NUTS(sd_error=...)`` with every
-    other ``--posterior-*`` option and fit's default budget (absent: ``posterior="nuts"`` as before)."""
+    other ``--posterior-*`` option and fit's default budget (absent: NUTS's default goal)."""
     tmp_path, _ = files
     seen = capture_call(pgpgm, "fit")
     extra = ["--posterior", "nuts", "--posterior-draws", "300", "--posterior-chains", "2"] + ([] if given is None else
                                                                       ["--posterior-sd-error", given])
     with pytest.raises(capture_call.stop):
         main(_fit_args(tmp_path, str(tmp_path / "good.csv"), *extra))
-    if expected == "default":
-        assert seen["posterior"] == "nuts"
-        return
     spec = seen["posterior"]
-    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == expected
+    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == (pgpgm.NUTS().sd_error if expected == "default" else expected)
     assert (spec.draws, spec.chains, spec.budget) == (300, 2, pgpgm.PosteriorBudget())
 
 

@@ -127,7 +127,7 @@ def test_concurrent_processes_share_the_cache_without_corrupting_it(tmp_path):
     assert len({r["key"] for r in results}) == 1
     folder = tmp_path / "pgpgm" / "kernels"
     assert [p.name for p in folder.glob(".tmp-*")] == []  # no half-written module left behind
-    from pgpgm.ode import kernels as codegen
+    from pgpgm.ode import functions as codegen
     import pgpgm
 
     system = pgpgm.ODESystem.from_equations({"x": _DECAY_SOURCE}, ["k", "c"])

@@ -29,14 +29,14 @@ LAYERS = (
     ("pgpgm.matching",),  # step 2, its stop rules among it
     ("pgpgm.posterior",),  # step 4
     ("pgpgm.plots", "pgpgm.sensitivity"),
-    ("pgpgm.fit_result",),
+    ("pgpgm.fit_result", "pgpgm.petab_result"),
     ("pgpgm.logscale",),  # lognormal and log-transformed states: the problem on the log scale and back
     ("pgpgm.simulate",),
     ("pgpgm.spec", "pgpgm.datasets"),
     ("pgpgm.study",),  # many experiments: their design, the joint least squares, the joint pm.Model
     ("pgpgm.study_result",),
     ("pgpgm.steps",),  # the steps of a fit: options, prepare, match, refine, posterior, report
-    ("pgpgm.fitting",),  # fit and fit_study, compositions of the steps
+    ("pgpgm.fitting",),  # fit, fit_study and fit_petab, compositions of the steps
     ("pgpgm.batch", "pgpgm.versions"),
     ("pgpgm",),  # the package's public API, loaded on first use
     ("pgpgm.cli",),  # the command line, on the public API

@@ -64,9 +64,9 @@ def test_a_fit_without_free_parameters_estimates_the_initial_values_and_the_nois
     system, options, two_states = make()
     y = _data(two_states)
     x0_ref, sigma_ref, se_ref = _reference(y, two_states)
-    result = pgpgm.fit(system, {"time": T, "x": y}, ["x"], draws=100, tune=100, chains=2, posterior=posterior,
-                       posterior_draws=250, posterior_tune=250, posterior_chains=2, cores=1, progressbar=False,
-                       seed=1, **options)
+    step4 = {"nuts": pgpgm.NUTS(draws=250, tune=250, chains=2, cores=1), "laplace": pgpgm.Laplace(500), None: None}
+    result = pgpgm.fit(system, {"time": T, "x": y}, ["x"], draws=100, tune=100, chains=2, posterior=step4[posterior],
+                       progressbar=False, seed=1, **options)
     assert result.x0["x"] == pytest.approx(x0_ref, rel=1e-6)
     assert float(result.trajectories["noise_sd"].sel(observed="x")) == pytest.approx(sigma_ref, rel=1e-4)
     assert float(result.estimates["x0_stderr"].sel(state="x")) == pytest.approx(se_ref, rel=1e-3)

@@ -194,7 +194,7 @@ def test_prior_terms_are_float64_and_exact():
 
 
 def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
-    """fit(posterior_rounds=...) reaches run_nuts' max_rounds; both default to MAX_ROUNDS."""
+    """fit(posterior=NUTS(rounds=...)) reaches run_nuts' max_rounds; both default to MAX_ROUNDS."""
     import inspect
 
     import pgpgm.steps.posterior
@@ -211,12 +211,12 @@ def test_fit_passes_posterior_rounds_to_the_sampler(lv, monkeypatch):
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 20 draws are not converged
-        r = pgpgm.fit(lv.system, ds, ["x1"], draws=100, tune=100, seed=1, progressbar=False, posterior_draws=20,
-                      posterior_tune=20, posterior_chains=1, cores=1, posterior_rounds=2,
-                      nuts_sampler="pymc")  # the rounds are PyMC's engine's
+        r = pgpgm.fit(lv.system, ds, ["x1"], draws=100, tune=100, seed=1, progressbar=False,
+                      posterior=pgpgm.NUTS(draws=20, tune=20, chains=1, cores=1, rounds=2,
+                                           sampler="pymc"))  # the rounds are PyMC's engine's
     assert seen == [2] and r.posterior.attrs["pgpgm_rounds"] == 1  # one chain of 20 draws: no further round
     assert r.n_ode_solves["posterior"] == int(r.posterior.sample_stats["n_steps"].sum()) > 20  # one per leapfrog step
-    assert inspect.signature(pgpgm.fit).parameters["posterior_rounds"].default == MAX_ROUNDS == 6
+    assert pgpgm.NUTS().rounds == MAX_ROUNDS == 6
     assert inspect.signature(sample_posterior).parameters["max_rounds"].default == MAX_ROUNDS
 
 

@@ -15,7 +15,7 @@ import pgpgm
 from pgpgm.data import as_observations
 from pgpgm.errors import DataError
 from pgpgm.refinement import LeastSquaresProblem
-from pgpgm.matching import GradientMatchingTarget, kernel
+from pgpgm.matching import GradientMatchingTarget, elementwise
 from tests.conftest import scipy_reference
 
 THETA, X0 = np.array([2.0, 1.0, 4.0, 1.0]), np.array([5.0, 3.0])
@@ -149,7 +149,7 @@ def test_sweeps_with_missing_values_keep_the_density_exact(latent_target, scheme
     """After many incremental sweeps and moves, the chain's running log density equals a fresh
     evaluation: the O(N) updates count the observation term only where measured."""
     target = latent_target
-    state = kernel.init(target, THETA)
+    state = elementwise.init(target, THETA)
     sch = pgpgm.matching.schemes.get_scheme(scheme)
     params, _ = sch.start(target, state, 10, None, None)
     rng = np.random.default_rng(4)

@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 
 import pgpgm
 from pgpgm import DataError, ODESystem, gradient_matching_density, sample
-from pgpgm.matching import Block, GradientMatchingTarget, driver, kernel
+from pgpgm.matching import Block, GradientMatchingTarget, driver, elementwise
 from pgpgm.matching.adapt import window_ends
 from pgpgm.matching.block import Coordinates, _proposal
 from pgpgm.matching.conditional import conditional_gaussian
@@ -173,7 +173,7 @@ def test_state_gaussian_is_the_exact_conditional_when_f_is_linear_in_the_states(
     else:  # x2 latent: df1/dx1 = theta1 - theta2 x2(t) varies in time
         density, theta = _lv_x1(lv)
     target = GradientMatchingTarget(density)
-    state = kernel.init(target, theta * 1.05)
+    state = elementwise.init(target, theta * 1.05)
     obs = list(density.observed_idx)
     # np.empty may hand out any bytes (what a freed array left): make them NaN, so that a
     # read of memory that was never written fails here and not by the luck of test order

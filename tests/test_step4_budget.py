@@ -89,7 +89,7 @@ def test_a_time_budget_returns_on_time():
     assert time.perf_counter() - t0 < 2.0 + 8.0
     spent = json.loads(tree.attrs["pgpgm_budget"])
     assert spent["exhausted"] == "seconds" and spent["used_seconds"] >= 2.0
-    assert "posterior_budget=pgpgm.PosteriorBudget(8.0, None)" in posterior_notes(tree)[0]
+    assert "posterior=pgpgm.NUTS(budget=pgpgm.PosteriorBudget(8.0, None))" in posterior_notes(tree)[0]
 
 
 @pytest.mark.slow
@@ -223,7 +223,7 @@ def test_fit_names_each_modes_refined_optimum(monkeypatch):
     data = {"time": T, "x": obs.values[:, 0]}
     with pytest.warns(ConvergenceWarning, match="refines to k=") as rec:
         r = pgpgm.fit(MIRROR, data, ["x"], priors={"k": (-3.0, 3.0)}, noise_sd=SD, progressbar=False,
-                      posterior_draws=200, posterior_tune=200, draws=200, tune=200, cores=1)
+                      posterior=pgpgm.NUTS(draws=200, tune=200, cores=1), draws=200, tune=200)
     modes = json.loads(r.posterior.attrs["pgpgm_modes"])
     refined = sorted(m["refined"]["k"] for m in modes)
     assert refined[0] == pytest.approx(-refined[1], rel=1e-4) and refined[1] == pytest.approx(abs(

@@ -319,9 +319,9 @@ def test_an_unconverged_study_posterior_names_what_the_data_leave_open():
                                 for k, x0 in enumerate((2.0, 3.0))})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = pgpgm.fit_study(system, study, priors=(0.0, 2.0), noise_sd=0.05, fit_kwargs={"draws": 200, "tune": 100},
-                              posterior=pgpgm.NUTS(draws=100, tune=50, chains=2, rounds=1, cores=1, sampler="pymc"),
-                              posterior_budget=PosteriorBudget(None, 400))
+        res = pgpgm.fit_study(system, study, priors=(0.0, 2.0), noise_sd=0.05, draws=200, tune=100,
+                              posterior=pgpgm.NUTS(draws=100, tune=50, chains=2, rounds=1, cores=1, sampler="pymc",
+                                                   budget=PosteriorBudget(None, 400)))
     se = res.estimates["stderr"]
     assert not np.isfinite(se.sel(parameter=["a", "b"]).values).any()
     text = " ".join(str(w.message) for w in caught if issubclass(w.category, pgpgm.ConvergenceWarning))

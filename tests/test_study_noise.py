@@ -391,6 +391,8 @@ def test_cli_fit_study_takes_the_sd_error_goal_with_the_study_budget(tmp_path, c
               str(tmp_path / "inputs.csv"), "--x0", "A=dose", "C=0", "--posterior-sd-error", "0.04", "--no-progress",
               "--out", str(tmp_path / "out")])
     spec = seen["posterior"]
-    study_budget = inspect.signature(real).parameters["posterior_budget"].default
-    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == 0.04 and spec.budget == study_budget
-    assert study_budget != pgpgm.PosteriorBudget()  # (the study's budget is its own: 300 s)
+    from pgpgm.steps.options import STUDY_BUDGET
+
+    assert isinstance(spec, pgpgm.NUTS) and spec.sd_error == 0.04 and spec.budget == STUDY_BUDGET
+    assert STUDY_BUDGET != pgpgm.PosteriorBudget()  # (the study's budget is its own: 300 s)
+    assert inspect.signature(real).parameters["posterior"].default == "nuts"  # NUTS(budget=STUDY_BUDGET)

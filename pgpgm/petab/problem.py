@@ -38,6 +38,8 @@ from .tables import PetabFiles, Table
 #: The solver tolerances of PEtab problems unless :func:`load_petab` is given a solver: tighter than
 #: pgpgm's default, as the benchmark problems' reference simulations are.
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-10, 1e-12
+#: the constant C of :meth:`PetabProblem.noise_residuals`' sqrt(2 log sigma + C): sigmas down to exp(-25)
+SIGMA_OFFSET = 50.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +53,7 @@ class _Evaluation:
     residual: np.ndarray
     d_nll: np.ndarray | None = None
     d_residual: np.ndarray | None = None
+    d_sigma: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,6 +151,7 @@ class PetabProblem:
         out = {k: np.empty(D) for k in ("h", "sigma", "nll", "residual")}
         d_nll = np.zeros((D, Ve)) if derivatives else None
         d_res = np.zeros((D, Ve)) if derivatives else None
+        d_sig = np.zeros((D, Ve)) if derivatives else None
         for o, obs in enumerate(self.observables):
             rows = np.flatnonzero(m.observable == o)
             if not rows.size:
@@ -179,7 +183,8 @@ class PetabProblem:
                 ds_v = np.einsum("ri,riv->rv", dsigma, dinputs)
                 d_nll[rows] = terms.d_h[:, None] * dh_v + terms.d_sigma[:, None] * ds_v
                 d_res[rows] = terms.d_residual_h[:, None] * dh_v + terms.d_residual_sigma[:, None] * ds_v
-        return _Evaluation(out["h"], out["sigma"], out["nll"], out["residual"], d_nll, d_res)
+                d_sig[rows] = ds_v
+        return _Evaluation(out["h"], out["sigma"], out["nll"], out["residual"], d_nll, d_res, d_sig)
 
     def _input_derivative(self, kind, i, rows, states, dconsts, sim) -> np.ndarray:
         """d input / d estimated parameters for the measurements ``rows``: (R, V_e)."""
@@ -257,6 +262,35 @@ class PetabProblem:
             return ev.residual
         return ev.residual, ev.d_residual * self._scale_derivative(v)[None, :]
 
+    def noise_residuals(self, z, jacobian: bool = False):
+        """Least squares of a likelihood with normal noise whose sigmas may be estimated: the weighted residuals
+        of :meth:`residuals` followed by ``sqrt(2 log sigma + C)`` per measurement (C =
+        :data:`SIGMA_OFFSET`, as AMICI writes them), (2D,) at ``z`` (V_e,) on the parameters' scales, and with
+        ``jacobian`` their derivatives (2D, V_e): half their sum of squares is :meth:`nll` up to a constant, so
+        that Gauss-Newton methods fit the noise parameters with the others. A sigma below exp(-C / 2) is a
+        :class:`ValueError`.
+
+        Raises
+        ------
+        DataError
+            for observables with Laplace noise."""
+        laplace = [o.id for o in self.observables if o.distribution != "normal"]
+        if laplace:
+            raise DataError(f"the observables {laplace} have Laplace noise, whose likelihood is no sum of squares; "
+                            "fit with nll_and_gradient")
+        v = self._vector(self.from_scale(z))
+        ev = self._evaluate(v, jacobian)
+        with np.errstate(all="ignore"):
+            s2 = 2.0 * np.log(ev.sigma) + SIGMA_OFFSET
+        if not np.all(s2 > 0):
+            raise ValueError(f"a noise sigma below exp(-{SIGMA_OFFSET / 2:g}): no residual form of its likelihood")
+        s = np.sqrt(s2)
+        r = np.concatenate([ev.residual, s])
+        if not jacobian:
+            return r
+        ds = ev.d_sigma / (ev.sigma * s)[:, None]
+        return r, np.vstack([ev.d_residual, ds]) * self._scale_derivative(v)[None, :]
+
     @property
     def least_squares(self) -> bool:
         """Whether :meth:`residuals` is the whole fit: normal noise everywhere, and no noise formula
@@ -303,10 +337,11 @@ class PetabProblem:
             table = Table.read(Path(table), ["simulation", "time"], "simulation").frame
         return align_simulation(self.measurements.frame, table, path)
 
-    def petab_llh(self, simulation) -> float:
+    def petab_llh(self, simulation, parameters: Mapping[str, float] | None = None) -> float:
         """The petab library's log-likelihood of simulated values (D,) in the order of this problem's
-        measurements (an independent check of :meth:`nll`; needs the problem's files)."""
-        return petab_llh(self.files.yaml, simulation)
+        measurements, its noise parameters at the table's nominal values or at ``parameters`` (an independent
+        check of :meth:`nll`; needs the problem's files)."""
+        return petab_llh(self.files.yaml, simulation, parameters)
 
     def __repr__(self) -> str:
         return (f"PetabProblem({self.files.yaml.name}: {len(self.model.states)} states, "

@@ -5,6 +5,8 @@ log-likelihood of it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +48,10 @@ def align_simulation(measurements: pd.DataFrame, table: pd.DataFrame, path: str 
                     "or row by row")
 
 
-def petab_llh(files_yaml: Path, simulation: np.ndarray) -> float:
+def petab_llh(files_yaml: Path, simulation: np.ndarray, parameters: Mapping[str, float] | None = None) -> float:
     """The petab library's log-likelihood (:func:`petab.v1.calculate_llh`) of the simulated values
-    ``simulation`` (D,), in the order of the problem's measurement rows.
+    ``simulation`` (D,), in the order of the problem's measurement rows, its noise parameters at the parameter
+    table's nominal values or at ``parameters`` (parameterId -> linear value) where given.
 
     The petab library evaluates noise formulas with numbers and the observable's own id only: a
     noise formula that holds its observable's formula (``a + b * (scale * x)``) gets the observable
@@ -64,4 +67,7 @@ def petab_llh(files_yaml: Path, simulation: np.ndarray) -> float:
         observables.loc[oid, "noiseFormula"] = str(noise.subs(sympify_petab(row["observableFormula"]),
                                                               sp.Symbol(oid, real=True)))
     sim = problem.measurement_df.drop(columns="measurement").assign(simulation=np.asarray(simulation, float))
-    return float(petab.calculate_llh(problem.measurement_df, sim, observables, problem.parameter_df))
+    table = problem.parameter_df.copy()
+    for pid, value in (parameters or {}).items():
+        table.loc[pid, "nominalValue"] = float(value)
+    return float(petab.calculate_llh(problem.measurement_df, sim, observables, table))

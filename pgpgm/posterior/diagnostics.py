@@ -257,7 +257,7 @@ def warn_if_imprecise(tree, label: str = "NUTS", stacklevel: int = 3) -> None:
     warnings.warn(f"the {label} posterior's sds of {named} are known less precisely than sd_error={goal:g} asks "
                   f"(Monte Carlo error over the sd; R-hat and ESS hold): the chains go on for sharper sds within "
                   f"{SHARPEN_SHARE:.0%} of the budget and up to their most draws, and draws with divergences are not "
-                  "extended. The error falls as 1/sqrt(draws): a larger posterior_budget or more draws sharpen them "
+                  "extended. The error falls as 1/sqrt(draws): a larger NUTS(budget=...) or more draws sharpen them "
                   "(heavy-tailed marginals need the most); NUTS(sd_error=None) stops once R-hat and ESS pass.",
                   PrecisionWarning, stacklevel=stacklevel)
 
@@ -280,8 +280,8 @@ def posterior_notes(tree) -> list[str]:
                    + (f"; it stopped {spent['dropped_chains']} chain(s) before they had drawn a quarter as much "
                       "as the others (they ran slower or started late), and they were left out"
                       if spent.get("dropped_chains") else "")
-                   + f"; these draws are what it had. Try posterior_budget=pgpgm.PosteriorBudget({more.seconds!r}, "
-                   f"{more.gradient_evaluations!r}), posterior='laplace' (seconds), or check the model and its "
+                   + f"; these draws are what it had. Try posterior=pgpgm.NUTS(budget=pgpgm.PosteriorBudget({more.seconds!r}, "
+                   f"{more.gradient_evaluations!r})), posterior='laplace' (seconds), or check the model and its "
                    "priors (a posterior that is hard to sample often has a second mode or a wall)")
     modes = json.loads(tree.attrs.get("pgpgm_modes", "[]"))
     if len(modes) > 1:

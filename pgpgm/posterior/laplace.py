@@ -54,3 +54,36 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
                         dims={s: ["time_dense"] for s in system.states})
     tree.attrs["pgpgm_posterior"] = "laplace"
     return tree
+
+
+def gaussian_draws(names, mean: np.ndarray, covariance: np.ndarray, draws: int, seed: int | None,
+                   lower: np.ndarray | None = None, upper: np.ndarray | None = None):
+    """Draws (one chain of ``draws``) from N(``mean``, ``covariance``) of the variables ``names`` (V,), kept
+    inside [``lower``, ``upper``] (V,) where given (a draw outside is drawn again, up to 100 times as many):
+    the Laplace approximation of a posterior over a box. An ArviZ DataTree with ``posterior``.
+
+    Raises
+    ------
+    DataError
+        when the covariance is not finite (the data do not determine every variable).
+    """
+    from arviz_base import from_dict
+
+    cov = np.asarray(covariance, float)
+    if not np.all(np.isfinite(cov)):
+        raise DataError("the optimum's covariance is not finite (the data do not determine every parameter): use "
+                        "posterior='nuts'")
+    rng = np.random.default_rng(seed)
+    lo = np.full(len(mean), -np.inf) if lower is None else np.asarray(lower, float)
+    hi = np.full(len(mean), np.inf) if upper is None else np.asarray(upper, float)
+    kept = np.empty((0, len(mean)))
+    for _ in range(100):
+        q = rng.multivariate_normal(mean, cov, size=draws, method="eigh")
+        kept = np.vstack([kept, q[np.all((q >= lo) & (q <= hi), axis=1)]])
+        if len(kept) >= draws:
+            break
+    if len(kept) < draws:
+        raise DataError("the Gaussian at the optimum lies almost wholly outside the bounds: use posterior='nuts'")
+    tree = from_dict({"posterior": {n: kept[None, :draws, j] for j, n in enumerate(names)}})
+    tree.attrs["pgpgm_posterior"] = "laplace"
+    return tree

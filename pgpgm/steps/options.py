@@ -161,9 +161,6 @@ def posterior_option(posterior, legacy: Mapping[str, Any], *, who: str = "fit", 
     if laplace and isinstance(posterior, str) and posterior == "laplace":
         if not fields:
             return Laplace()
-        unused = sorted(set(fields) - {"draws", "chains"})
-        if unused:
-            raise DataError(f"posterior='laplace' takes no {unused}: write posterior=pgpgm.Laplace(draws=...)")
         return Laplace(check_count(fields.get("draws", 500), "posterior_draws", minimum=1)
                        * check_count(fields.get("chains", 4), "posterior_chains", minimum=1))
     if posterior is None or isinstance(posterior, NUTS) or (laplace and isinstance(posterior, Laplace)):
@@ -219,11 +216,14 @@ def legacy_fit_kwargs(fit_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return dict(fit_kwargs)
 
 
-def fit_options(*, kernel, gamma, priors, noise_sd, draws, tune, chains, seed, init, scheme, refine_x0, solver,
-                posterior, progressbar, stop, grid) -> FitOptions:
+def fit_options(*, kernel="rbf", gamma=0.3, priors=None, noise_sd=None, draws=2000, tune=1500, chains=2, seed=0,
+                init="spread", scheme="block", refine_x0=True, solver=None, posterior=None, progressbar=True,
+                stop="agree", grid=None) -> FitOptions:
     """The options of a fit, each checked once, before any GP fit, compiled kernel or sampler runs (names that
     depend on the data, such as the observed states a ``kernel`` mapping names, are checked where the data are
-    read, :func:`pgpgm.steps.prepare.prepare`). ``posterior``: from :func:`posterior_option`."""
+    read, :func:`pgpgm.steps.prepare.prepare`). ``posterior``: from :func:`posterior_option`. The defaults are
+    :func:`pgpgm.fit`'s (but ``posterior``: None), so that an entry point that has no use for an option leaves
+    it out."""
     if seed is None:  # a fresh seed, recorded in the sampler's settings (result.tree attrs)
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     seed = check_count(seed, "seed", minimum=0)

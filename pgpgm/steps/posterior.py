@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..ode.system import ODESystem
-from ..posterior.laplace import laplace_posterior
+from ..posterior.laplace import gaussian_draws, laplace_posterior
+from ..posterior.petab_model import build_petab_model
 from ..posterior.model import (
     build_ode_model,
     initial_value_name,
@@ -28,8 +30,8 @@ from ..study.joint import JointRefinement
 from ..study.model import build_study_model, noise_variable, varying_name, x0_name
 from .match import Matched
 from .options import NUTS, FitOptions, Laplace
-from .prepare import Prepared, StudyDesign
-from .refine import Refined, StudyRefined, unknown_x0_priors
+from .prepare import PetabDesign, Prepared, StudyDesign
+from .refine import PetabRefined, Refined, StudyRefined, unknown_x0_priors
 
 #: points of the plotted trajectories (per experiment in a study: :data:`STUDY_DENSE_POINTS`)
 DENSE_POINTS = 400
@@ -294,3 +296,42 @@ def _study_start(design: StudyDesign, refined: StudyRefined, known: Mapping[str,
         center[name] = float(v)
         sd[name] = float(v) / np.sqrt(2 * n_obs[slot])
     return center, sd
+
+
+# ----------------------------------------------------------------------------- PEtab problems
+def posterior_petab(design: PetabDesign, refined: PetabRefined, options: FitOptions, timings: dict) -> Posterior | None:
+    """Step 4 of :func:`pgpgm.fit_petab` (``timings["posterior"]``): NUTS on the problem's posterior over the
+    estimated parameters on their scales (:func:`~pgpgm.posterior.petab_model.build_petab_model`; PyMC's engine
+    where ``NUTS(sampler="auto")``: the likelihood is a Python Op, which nutpie's compiled model would call through
+    object mode), started at the refined optimum with the dense mass matrix of its covariance; draws from the
+    Gaussian at the optimum (:class:`Laplace`, kept inside the bounds); or None (``posterior=None``)."""
+    spec = options.posterior
+    if spec is None:
+        return None
+    started = time.perf_counter()
+    problem, best = design.problem, refined.search.best
+    names = tuple(p.id for p in problem.estimated)
+    if isinstance(spec, Laplace):
+        tree = gaussian_draws(names, best, refined.covariance, spec.draws, options.seed, design.lower, design.upper)
+        timings["posterior"] = time.perf_counter() - started
+        return Posterior(tree, None, names, 0)
+    with warnings.catch_warnings():  # the likelihood is a Python Op by design: PyTensor's numba backend says so
+        warnings.filterwarnings("ignore", "Numba will use object mode to run Petab", UserWarning)
+        return _nuts_petab(design, refined, options, timings, started)
+
+
+def _nuts_petab(design: PetabDesign, refined: PetabRefined, options: FitOptions, timings: dict,
+                started: float) -> Posterior:
+    """:func:`posterior_petab`'s NUTS."""
+    spec, problem, best = options.posterior, design.problem, refined.search.best
+    model, names = build_petab_model(problem)
+    width = design.upper - design.lower
+    sd = np.where(np.isfinite(refined.stderr) & (refined.stderr > 0), refined.stderr, 0.01 * width)
+    covariance = (list(names), refined.covariance) if np.all(np.isfinite(refined.covariance)) else None
+    run = run_nuts(model, dict(zip(names, map(float, best))), dict(zip(names, map(float, sd))), covariance=covariance,
+                   draws=spec.draws, tune=spec.tune, chains=spec.chains, cores=spec.cores, seed=options.seed,
+                   nuts_sampler="pymc" if spec.sampler == "auto" else spec.sampler, max_rounds=spec.rounds,
+                   progressbar=options.progressbar, budget=spec.budget, warn=False, ess=spec.ess,
+                   sd_error=spec.sd_error, started=started)
+    timings["posterior"] = time.perf_counter() - started
+    return Posterior(run.tree, run, names, sum(run.gradient_evaluations), model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,14 @@ from ..matching.density import (
     per_state,
 )
 from ..observables import Observables, ScaledState
+from ..petab import PetabProblem, load_petab
+from ..posterior.petab_model import check_petab_priors
+from ..refinement.multistart import MultiStart
 from ..ode.system import ODESystem
 from ..priors import Priors
 from ..study.design import Study
 from ..study.model import check_hierarchical
-from .options import FitOptions, Laplace
+from .options import NUTS, FitOptions, Laplace
 
 
 # ----------------------------------------------------------------------------- step results
@@ -484,3 +488,40 @@ def _per_experiment(value, observed: tuple[str, ...]) -> tuple[str, ...]:
         raise DataError(f"noise_per_experiment names {bad}, which are not observed states {list(observed)}; give "
                         "True (every observed state), False, or some of them")
     return states
+
+
+# ----------------------------------------------------------------------------- PEtab problems
+@dataclass(frozen=True, eq=False)
+class PetabDesign:
+    """The PEtab problem :func:`pgpgm.fit_petab` solves: ``problem``; ``lower``, ``upper`` (V_e,) its estimated
+    parameters' bounds on their scales; ``search`` the settings of step 3's search; ``normal`` whether every
+    observable has normal noise (step 3 then fits by least squares, the noise parameters' log terms among the
+    residuals)."""
+
+    problem: PetabProblem
+    lower: np.ndarray
+    upper: np.ndarray
+    search: MultiStart
+    normal: bool
+
+
+def prepare_petab(problem, options: FitOptions, search) -> PetabDesign:
+    """The PEtab problem of :func:`pgpgm.fit_petab` (a :class:`~pgpgm.petab.PetabProblem` or its YAML file's
+    path), checked before anything is solved: a box for the search, priors step 4 can write."""
+    if isinstance(problem, str | Path):
+        problem = load_petab(problem)
+    if not isinstance(problem, PetabProblem):
+        raise DataError(f"problem must be a pgpgm.PetabProblem (pgpgm.load_petab(path)) or the path of its YAML file, "
+                        f"got {type(problem).__name__}")
+    if not isinstance(search, MultiStart):
+        raise DataError(f"search must be a pgpgm.MultiStart(...), got {search!r}")
+    if isinstance(options.posterior, NUTS):
+        check_petab_priors(problem)
+    lower, upper = problem.bounds()
+    open_ = [p.id for p, lo, hi in zip(problem.estimated, lower, upper) if not (np.isfinite(lo) and np.isfinite(hi))]
+    if open_:
+        raise DataError(f"the search starts from points spread over the estimated parameters' bounds; {open_} have "
+                        "no finite lowerBound and upperBound (on their scales): give them in the parameter table")
+    if not problem.estimated:
+        raise DataError("the problem estimates no parameter (the parameter table's estimate column is 0 everywhere)")
+    return PetabDesign(problem, lower, upper, search, all(o.distribution == "normal" for o in problem.observables))

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ..data import initial_value_priors, initial_values
 from ..errors import IdentifiabilityWarning, ODESolveError
@@ -26,11 +27,12 @@ from ..refinement.optima import (
     refine_from_loose_bounds,
     refine_inside_boxes,
 )
+from ..refinement.multistart import SearchResult, hessian, multistart
 from ..solve import Integrator, default_solver
 from ..study.joint import JointLayout, JointProblem, JointRefinement, refine_joint
 from .match import Matched
 from .options import FitOptions
-from .prepare import Prepared, StudyDesign
+from .prepare import PetabDesign, Prepared, StudyDesign
 
 
 @dataclass(frozen=True, eq=False)
@@ -513,3 +515,43 @@ def _refine_alone(design: StudyDesign, j: int, fits: Sequence, problems: Sequenc
         log_others = np.log(np.maximum(others, 1e-300))
         return min(tied, key=lambda r: float(np.sum((np.log(np.maximum(r.thetas[0], 1e-300)) - log_others) ** 2)))
     return tied[0]
+
+
+# ----------------------------------------------------------------------------- PEtab problems
+@dataclass(frozen=True, eq=False)
+class PetabRefined:
+    """Step 3 of a PEtab problem: the search (its best optimum ``search.best`` (V_e,) on the parameters' scales),
+    the optimum's covariance (V_e, V_e) on those scales (the inverse curvature of the nll; NaN where it is not
+    positive definite) and the standard errors (V_e,)."""
+
+    search: SearchResult
+    covariance: np.ndarray
+    stderr: np.ndarray
+
+
+def refine_petab(design: PetabDesign, options: FitOptions, timings: dict) -> PetabRefined:
+    """Step 3 of :func:`pgpgm.fit_petab` (``timings["refinement"]``, seconds): the multi-start search
+    (:func:`~pgpgm.refinement.multistart.multistart`, seeded by the fit's seed) over the estimated parameters'
+    bounds on their scales, by least squares where every noise is normal, else L-BFGS-B on PEtab's nll and
+    gradient; then the optimum's covariance from the nll's curvature there."""
+    started = time.perf_counter()
+    problem = design.problem
+    residuals = (lambda z: problem.noise_residuals(z, jacobian=True)) if design.normal else None
+    bar = tqdm(total=design.search.max_starts, desc="step 3: multi-start", disable=not options.progressbar,
+               leave=False)
+
+    def progress(k: int, best: float) -> None:
+        bar.update(1)
+        bar.set_postfix(best_nll=f"{best:.4g}")
+
+    try:
+        found = multistart(problem.nll_and_gradient, design.lower, design.upper, design.search, seed=options.seed,
+                           residuals=residuals, progress=progress)
+    finally:
+        bar.close()
+    H = hessian(problem.nll_and_gradient, found.best)
+    covariance = np.full(H.shape, np.nan)
+    if np.all(np.isfinite(H)) and np.all(np.linalg.eigvalsh(H) > 0):
+        covariance = np.linalg.inv(H)
+    timings["refinement"] = time.perf_counter() - started
+    return PetabRefined(found, covariance, np.sqrt(np.diag(covariance)))

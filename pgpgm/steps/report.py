@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from ..errors import BoundWarning, CompetingOptimaWarning
+from ..errors import BoundWarning, CompetingOptimaWarning, ConvergenceWarning
 from ..fit_result import FitResult, assemble
 from ..posterior.diagnostics import (
     causes_of_poor_mixing,
@@ -24,12 +24,13 @@ from ..posterior.model import initial_value_name
 from ..refinement.bounds import bound_report, outside_prior_boxes, warn_at_bounds
 from ..refinement.optima import describe
 from ..solve import default_solver
+from ..petab_result import PetabResult, petab_estimates
 from ..study_result import StudyResult
 from .match import Matched
 from .options import NUTS, FitOptions, Laplace
 from .posterior import DENSE_POINTS, STUDY_DENSE_POINTS, Posterior
-from .prepare import Prepared, StudyDesign
-from .refine import INSIDE_BOXES, Refined, StudyRefined, unknown_x0_priors
+from .prepare import PetabDesign, Prepared, StudyDesign
+from .refine import INSIDE_BOXES, PetabRefined, Refined, StudyRefined, unknown_x0_priors
 
 
 def add_observables(result: FitResult, prepared: Prepared, refined: Refined) -> None:
@@ -188,3 +189,25 @@ def warn_competing_experiments(names: Sequence[str], fits: Sequence[FitResult]) 
                   "step 4 describe one of the optima, and experiments may sit on different ones; narrow the prior "
                   "box to the branch you mean (pgpgm.fit on one experiment lists them in result.competing_optima)",
                   CompetingOptimaWarning, stacklevel=3)
+
+
+# ----------------------------------------------------------------------------- PEtab problems
+def report_petab(design: PetabDesign, refined: PetabRefined, post: Posterior | None, options: FitOptions,
+                 timings: dict, started: float) -> PetabResult:
+    """A PEtab fit's warnings (the posterior's, as a fit's; the search's when it stopped at its budget before
+    enough starts agreed), then the :class:`~pgpgm.petab_result.PetabResult`."""
+    timings["total"] = time.perf_counter() - started
+    found, diag = refined.search, None
+    if found.reason != "agreed":
+        warnings.warn(f"the multi-start search stopped at its budget ({found.reason}) after {len(found.nlls)} starts, "
+                      f"{found.agreeing} of which reached the best nll {found.nll:.6g} (it asks for "
+                      f"{design.search.agree}): the optimum may not be the global one; give the search more starts "
+                      "or seconds (pgpgm.MultiStart(max_starts=..., seconds=...))", ConvergenceWarning, stacklevel=3)
+    if post is not None and isinstance(options.posterior, NUTS):
+        diag = diagnose(post.tree, list(post.free), options.posterior.ess)
+        names = [p.id for p in design.problem.estimated]
+        warn_about_posterior(diag, post.tree, "NUTS", nuts=True, at_bounds=(), stacklevel=4,
+                             undetermined=[n for n, se in zip(names, refined.stderr) if not np.isfinite(se)])
+    tree = None if post is None else post.tree
+    return PetabResult(design.problem, petab_estimates(design.problem, found, refined.stderr, tree), found, tree,
+                       diag, dict(timings))
