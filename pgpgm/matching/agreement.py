@@ -75,7 +75,7 @@ from scipy.stats import qmc
 
 from ..errors import DataError
 from ..refinement.bounds import bound_report
-from ..refinement.least_squares import SHORT_NFEV, LeastSquaresProblem, refine
+from ..refinement.least_squares import SEARCH_FAILURES, SHORT_NFEV, LeastSquaresProblem, failed_refinement, refine
 from ..solve import Integrator
 from .density import GradientMatchingDensity
 from .stop import Checkpoint, Decision
@@ -469,10 +469,14 @@ class RefinedAgreement:
 
     def _refine(self, problem: LeastSquaresProblem, q0, bounds, **kwargs):
         """:func:`pgpgm.refine` of one of the rule's refinements (``kwargs`` as refine's), with the noise
-        tolerance :data:`RULE_NOISE_RTOL` where several observed states' sds are estimated."""
+        tolerance :data:`RULE_NOISE_RTOL` where several observed states' sds are estimated; a refinement that
+        raises (a solve failing at a box point) is a failed one (infinite nll): the rule goes on without it."""
         if RULE_NOISE_RTOL is not None and self.estimate_noise and len(problem.observed_idx) > 1:
             kwargs.setdefault("noise_rtol", RULE_NOISE_RTOL)
-        return refine(problem, q0, bounds, **kwargs)
+        try:
+            return refine(problem, q0, bounds, **kwargs)
+        except (*SEARCH_FAILURES, ValueError) as err:  # a candidate the rule cannot refine is discarded, never fatal
+            return failed_refinement(problem, q0, f"the refinement failed ({type(err).__name__}: {err})")
 
     def noise_level(self) -> np.ndarray:
         """(M,) the noise sd each observed state's residuals are judged against (state units):

@@ -46,6 +46,10 @@ import numpy as np
 from scipy import optimize
 
 from ..errors import DataError, IdentifiabilityWarning, ODESolveError
+
+#: what a solve or a fit may raise at a bad point inside a search: the candidate is discarded (a failed
+#: refinement), the search goes on
+SEARCH_FAILURES = (ODESolveError, ArithmeticError, np.linalg.LinAlgError)
 from ..noise import NOISE_MODELS, noise_model
 from ..solve import Integrator
 from .noise_estimation import alternate_noise, ml_noise_parameter
@@ -521,7 +525,10 @@ def refine(
             singular_values=s, null_space=null, undetermined=undetermined, noise=problem.noise,
         ), notes
 
-    out, notes = finish(q, sd)
+    try:
+        out, notes = finish(q, sd)
+    except SEARCH_FAILURES as err:  # a solve that fails on the way (a noise-sd round's point): a failed refinement
+        return _failed(problem, q, sd, estimated, n0, f"a solve failed during the refinement ({err})")
     if estimated.any() and problem.noise is None:
         # the first rounds are weighted by the given sds (e.g. a GP's): far from the start's own sds they can lead
         # least squares away from an optimum it starts at, uphill in the likelihood (the held-out grid's
@@ -531,7 +538,10 @@ def refine(
         start_sd = np.where(estimated, np.maximum(np.sqrt(rss / problem.n_obs), floor), sd)
         start_nll = problem.gaussian_nll(rss, start_sd)
         if not out.nll <= start_nll + 1e-9 * max(1.0, abs(start_nll)):
-            again, again_notes = finish(q, start_sd)
+            try:
+                again, again_notes = finish(q, start_sd)
+            except SEARCH_FAILURES:  # the rerun failed: the first refinement stands
+                again, again_notes = out, notes
             if again.nll < out.nll or not np.isfinite(out.nll):
                 out, notes = replace(again, n_solves=problem.integrator.n_solves - n0, message=again.message + (
                     f"; rerun from the start's own noise sds (the given sds' rounds ended at {out.nll:.6g}, above the "
@@ -616,6 +626,13 @@ def _covariance(J: np.ndarray, names: tuple[str, ...], rcond: float):
     null = null_z / cs[:, None]
     null /= np.maximum(np.linalg.norm(null, axis=0), np.finfo(float).tiny)
     return cov, s, rank, null, tuple(n for n, bad in zip(names, involved) if bad)
+
+
+def failed_refinement(problem: LeastSquaresProblem, q, message: str) -> Refinement:
+    """A refinement of ``problem`` that failed at ``q`` (Q,) for the reason ``message``: infinite nll, NaN
+    standard errors (a search discards it and goes on)."""
+    estimated = np.zeros(len(problem.observed_idx), bool)
+    return _failed(problem, np.asarray(q, float), problem.noise_sd.copy(), estimated, problem.integrator.n_solves, message)
 
 
 def _failed(problem: LeastSquaresProblem, q, sd, estimated, n0: int, message: str, *,
