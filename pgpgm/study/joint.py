@@ -29,6 +29,7 @@ from scipy import optimize
 
 from ..errors import DataError, ODESolveError
 from ..refinement import LeastSquaresProblem
+from ..refinement.least_squares import SEARCH_FAILURES
 from ..refinement.noise_estimation import alternate_noise, ml_noise_parameter
 
 
@@ -347,8 +348,11 @@ def refine_joint(problem: JointProblem, q0, noise_sd=None, *, max_nfev: int = 40
         return optimize.least_squares(problem.residuals, q, jac=problem.jacobian, bounds=(lo, hi), method="trf",
                                       x_scale="jac", max_nfev=max_nfev, args=(sd,))
 
-    alt = alternate_noise(solve, problem.ml_noise, q, sd, estimated, floor, max_rounds=max_rounds,
-                          noise_rtol=noise_rtol)
+    try:
+        alt = alternate_noise(solve, problem.ml_noise, q, sd, estimated, floor, max_rounds=max_rounds,
+                              noise_rtol=noise_rtol)
+    except SEARCH_FAILURES as err:  # a solve failing on the way: a failed refinement, the other starts go on
+        return _failed(problem, q, n0, f"a solve failed during the refinement ({err})")
     q, sd, res, rounds, converged = alt.q, alt.params, alt.result, alt.rounds, alt.converged
     message = str(res.message)
     try:
