@@ -238,6 +238,7 @@ def fit_options(*, kernel="rbf", gamma=0.3, priors=None, noise_sd=None, draws=20
     for k in (kernel.values() if isinstance(kernel, Mapping) else [kernel]):
         if isinstance(k, str) and k not in KERNELS:
             raise DataError(f"unknown kernel {k!r}; built-in kernels are {sorted(KERNELS)}")
-    gamma = ({k: check_gamma(v) for k, v in gamma.items()} if isinstance(gamma, Mapping) else check_gamma(gamma))
+    for g in (gamma.values() if isinstance(gamma, Mapping) else [gamma]):
+        check_gamma(g)  # each value checked here, kept as given (the density reads it again)
     return FitOptions(kernel, gamma, priors, noise_sd, draws, tune, chains, seed, init, scheme, refine_x0, solver,
                       posterior, progressbar, stop, grid)

@@ -16,9 +16,6 @@ from ..checks import as_float_array, noise_levels
 from ..data import Observations, as_observations, initial_value_priors, initial_values, known_observed_x0
 from ..errors import DataError, StartTimeWarning
 from ..logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
-from ..matching.density import (
-    per_state,
-)
 from ..observables import Observables, ScaledState
 from ..petab import PetabProblem, load_petab
 from ..posterior.petab_model import check_petab_priors
@@ -97,8 +94,6 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
     grid = start_grid(obs.times, options.grid, t0, x0)
     if grid is not options.grid:
         obs = as_observations(data, observed, system, grid=grid)
-    per_state(kernel, obs.states, "kernel")  # a mapping names observed states only (values: fit_options)
-    per_state(gamma, obs.states, "gamma")
     x0, known = known_observed_x0(system, x0, obs.states)
     scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
     measurement = measurement_noise(noise, obs, noise_sd, scales)  # None: Gaussian in steps 3-4
@@ -233,8 +228,6 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
                             f"likelihood terms y_<state>, and {clash} would name two variables; rename the observable")
     gm_data = {"time": obs.times, **{g: obs.values[:, m] for g, m in zip(gm_names, cols)}}
     gm_obs = as_observations(gm_data, gm_names, gm_system, grid=obs.times) if matched else None
-    for value, what in ((options.kernel, "kernel"), (options.gamma, "gamma")):  # names direct states, scaled observables
-        per_state(value, gm_obs.states if matched else (), what)
     theta_names = [p for p in fit_system.parameters if p in system.parameters]
     if fixed:
         priors, init = _without_fixed(priors, init, fixed, system.parameters, theta_names)
