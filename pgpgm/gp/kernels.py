@@ -689,9 +689,9 @@ def _builtin() -> Mapping[str, Kernel]:
             v * (1 + s5 * r / l + 5 * r**2 / (3 * l**2)) * sp.exp(-s5 * r / l),
         ),
         "sigmoid": Kernel(
-            # d (1 / time^2) starts at 10 / span^2, the time scale of the data: from d = 1 (the guess
-            # before) fits took 1.5-2.5x the likelihood evaluations on span 10 and stopped in a worse
-            # local optimum on span 100 (benchmarks/gp_fit.py --sizes)
+            # d (1 / time^2) starts at 10 / span^2, the time scale of the data: a guess blind to the span
+            # (d = 1) costs 1.5-2.5x the likelihood evaluations and, on long spans, ends in a worse local
+            # optimum
             "sigmoid", (var, Hyperparameter("c", (1e-6, 1e4), 1.0),
                         Hyperparameter("d", (1e-6, 1e4), Scaled("span", 10.0, power=-2))),
             v * sp.asin((c + d * _a * _b) / sp.sqrt((c + d * _a**2 + 1) * (c + d * _b**2 + 1))),
