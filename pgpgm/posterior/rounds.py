@@ -262,8 +262,8 @@ def run_nuts(
         warns once for the whole fit)
     ess : the bulk and tail ESS every variable must reach (default :data:`ESS_MIN`, 400): the chains go on
         (within the budget and ``max_rounds``) until it does. An sd's Monte Carlo error is about
-        sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14, Lotka-Volterra
-        x1 observed with x2(0) unknown: ~10 % at ESS 400); ask for more where the sds must be sharper
+        sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14: ~10 % at
+        ESS 400); ask for more where the sds must be sharper
     sd_error : once R-hat and ESS pass, the chains go on while some variable's sd has a Monte Carlo error
         (:func:`~pgpgm.posterior.diagnostics.sd_errors`) above this fraction of the sd (default
         :data:`~pgpgm.posterior.diagnostics.SD_ERROR`, 5 %) and the budget's :data:`SHARPEN_SHARE` (3/4)
