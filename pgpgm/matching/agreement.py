@@ -166,7 +166,7 @@ class RefinedAgreement:
         priors that are not all finite Uniform ones: no box to spread them over)
     probe_agree : dispersed starts that must reach the chains' optimum for the probe to stop them
         (default 2: where a worse optimum draws most box starts, a single start that reaches it can
-        confirm chains that agree on it; a second start halves that risk and, where the probe stops,
+        confirm chains that agree on it; a second start lowers that risk and, where the probe stops,
         costs a few per cent more CPU)
     screen_points : box points (a scrambled Sobol sequence of their own) ranked by the gradient-matching
         log density with the observed states at the GPs' means (:attr:`screened_points`); 0, or priors

@@ -18,8 +18,8 @@ from .budget import KEEP_CHAINS, BudgetMeter
 #: smaller step does not remove (a solver failure as -inf, a wall) made an uncapped target climb towards 1
 #: round after round (from a wrong mode: past 0.99 by round 5, a step size near 0 and 1023 leapfrog steps
 #: per draw, over ten minutes of sampling). A cap of 0.95 leaves divergences where a ridge meets a prior
-#: bound that the later raises remove, in less time than the capped rounds: the later raises help there,
-#: so the cap is 0.99 and the budget bounds the rest.
+#: bound, which the later raises remove, in less time than the capped rounds take: the later raises help
+#: there, so the cap is 0.99 and the budget bounds the rest.
 TARGET_ACCEPT_MAX = 0.99
 
 

@@ -391,10 +391,10 @@ def run_nuts(
 #: a nutpie run whose draws pass R-hat and ESS with divergences is followed by one run at
 #: :data:`TARGET_ACCEPT_MAX` (PyMC's engine raises the target round by round), whose draws replace the first
 #: run's when they pass too - where the budget left is at least this many times what the first run took (the
-#: higher target's smaller steps cost 1.5-2.6x the leapfrog steps per draw, from 0.9 to 0.95 and 0.99). Its
+#: higher target's smaller steps cost 1.5x (0.95) to 2.6x (0.99) the leapfrog steps per draw at 0.9). Its
 #: draws are worth the cost: with divergences the draws at the adapted step size stop short of a tail that
-#: narrows along a ridge, and a posterior sd can come out 10-30 % below an independent reference's, less
-#: the higher the target and the fewer the divergences
+#: narrows along a ridge, and a posterior sd can come out 10-30 % below an independent reference's, the
+#: less the higher the target and the fewer the divergences
 DIVERGENCE_RUN_COST = 3.0
 
 

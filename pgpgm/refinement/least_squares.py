@@ -525,8 +525,8 @@ def refine(
     if estimated.any() and problem.noise is None:
         # the first rounds are weighted by the given sds (e.g. a GP's): far from the start's own sds they can lead
         # least squares away from an optimum it starts at, uphill in the likelihood (a GP's sd far below the
-        # residuals' weights them as if the fit were poor). A refinement ends no higher than its start: else it
-        # runs again from the sds that maximise the likelihood at the start
+        # residuals' gives that state's residuals far too much weight against the others'). A refinement ends no
+        # higher than its start: else it runs again from the sds that maximise the likelihood at the start
         rss = problem.rss_of(start_residuals)
         start_sd = np.where(estimated, np.maximum(np.sqrt(rss / problem.n_obs), floor), sd)
         start_nll = problem.gaussian_nll(rss, start_sd)
