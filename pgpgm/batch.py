@@ -477,7 +477,7 @@ def fit_many(jobs: Iterable[FitJob], out_dir: str | Path, *, client=None, schedu
     its job only (after dask's retries on other workers). Files are written by the workers
     or by this process (``save_on_workers``); either way with the same function, atomically,
     so a file at ``<name>.nc`` is always a whole verified result. Saving a fit of the default
-    budget with a Laplace posterior costs 0.7-1 s of CPU (benchmarks/RESULTS.md), which is why the
+    budget with a Laplace posterior costs 0.7-1 s of CPU, which is why the
     LocalCluster's workers save their own results rather than this process competing with
     them for the cores.
 
@@ -580,8 +580,7 @@ def _cluster_client(distributed, client, scheduler: str | None, n_workers: int |
     the event-loop health check, the system monitor and the memory monitor every 1-2 s
     instead of every 20, 500 and 100 ms. An idle 2-worker cluster then takes 0.55 s of CPU per
     30 s instead of 4.1 s with dask's defaults (parent 0.31 instead of 1.70, each worker 0.12
-    instead of 1.2; measured by a benchmark since removed; git history): CPU that the fits need on a machine with as
-    many cores as workers."""
+    instead of 1.2): CPU that the fits need on a machine with as many cores as workers."""
     if client is not None:
         yield client
     elif scheduler is not None:

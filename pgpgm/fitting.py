@@ -132,8 +132,7 @@ def fit(
     each state's noise parameter (sd; alpha for negbin; 1 for Poisson, which has none), named in its
     ``parameter`` attribute. ``transform`` (mapping state -> ``"log"``) puts a state itself on the log
     scale: see :mod:`pgpgm.logscale` (with normal noise: GP fit and gradient matching only; with
-    lognormal noise: every step on the log scale, the path ``noise="lognormal"`` alone took before
-    issue 31). ``refine_x0`` also refines the observed
+    lognormal noise: every step on the log scale). ``refine_x0`` also refines the observed
     states' initial values (started at their posterior means) in the least-squares step; ``true_theta`` (P,) (or ``data.attrs["theta"]`` from :func:`pgpgm.simulate`) adds
     the ground truth to tables and figures. ``seed=None`` draws a fresh seed; the seed used is
     recorded in ``json.loads(result.gradient_matching.attrs["pgpgm_settings"])["seed"]``.

@@ -8,8 +8,8 @@ given with the GP's Gaussian noise. :func:`measurement_noise` checks it (every m
 state against its model, before any compilation) and says which states leave the Gaussian path.
 
 ``fit(..., noise={"P": "lognormal"}, transform={"P": "log"})`` puts the state P itself on the log
-scale in every step (the path of ``noise="lognormal"`` before issue 31; the likelihood is the same
-lognormal one, so the optimum is the same wherever the state stays positive):
+scale in every step (the likelihood is the same lognormal one, so the optimum is the same wherever
+the state stays positive):
 the system is log-transformed
 (:func:`pgpgm.ode.transform.log_transform`, state ``log_P``), the GP is fitted to log y,
 gradient matching runs on the transformed system, the refinement minimises the Gaussian

@@ -64,12 +64,11 @@ def exact_math() -> contextlib.AbstractContextManager:
     floating-point contraction and reassociation: :data:`EXACT_MATH_FLAGS`).
 
     With them, the log density that a process compiled and the one a later process loaded from
-    PyTensor's numba cache (``~/.pytensor/numba``) differed in the last bits (Lotka-Volterra x1,
-    lognormal: at 35 of 300 points, by up to 9e-13), so the first fit of a new model in a new
-    process drew other draws than every later process with the same seed. Without them both are the
-    same code, bit for bit. They bought nothing here: the ODE solve, nearly all of a log density's
-    time, is pgpgm's own numba code without them (164 / 466 / 502 us per log density and gradient
-    with them against 164 / 466 / 502 us without, LV x2 large noise, FHN R, PT R; 2026-11-29)."""
+    PyTensor's numba cache (``~/.pytensor/numba``) can differ in the last bits (~1e-12 at some
+    points), so the first fit of a new model in a new process would draw other draws than every later
+    process with the same seed. Without them both are the same code, bit for bit. They buy nothing
+    here: the ODE solve, nearly all of a log density's time, is pgpgm's own numba code without them
+    (a log density and gradient take the same time with them and without)."""
     import pytensor  # imported on first use: ``import pgpgm`` stays light
 
     return pytensor.config.change_flags(**EXACT_MATH_FLAGS)
@@ -78,9 +77,8 @@ def exact_math() -> contextlib.AbstractContextManager:
 def exact_math_environment() -> dict[str, str]:
     """``PYTENSOR_FLAGS`` (this process's, if any) with :data:`EXACT_MATH_FLAGS`, for a chain process: it
     then compiles, or loads from the cache, the code that step 4 compiled in this process (in
-    :func:`exact_math`). With the default flags a chain process asked the cache for other code, missed
-    and compiled the model again (Theoph's hierarchical model with empty caches: its 2 chains' sampling
-    46 s against 6 s)."""
+    :func:`exact_math`). With the default flags a chain process would ask the cache for other code, miss
+    and compile the model again, which on empty caches can cost several times the sampling itself."""
     exact = ",".join(f"{k}={v}" for k, v in EXACT_MATH_FLAGS.items())
     flags = os.environ.get("PYTENSOR_FLAGS", "")
     return {"PYTENSOR_FLAGS": f"{flags},{exact}" if flags else exact}

@@ -12,7 +12,7 @@ kernel on even times, else the lower triangles in one compiled loop), one
 Cholesky factorisation (N^3 / 3 flops), and K^-1 from that factor (LAPACK ``potri``,
 2 N^3 / 3 flops, one triangle) for the trace terms tr(K^-1 dK/dh) (O(N^2) each). No
 identity solve and no N x N matrix W = alpha alpha^T - K^-1 is formed. At N = 1000
-this is 25-35 ms of one core (3-4.5x less than before; benchmarks/gp_fit.py).
+this is 25-35 ms of one core.
 
 For a kernel linear in its only variance v the gradient in v comes from K itself
 (v dK/dv = K - noise^2 I), so that matrix is never formed.
@@ -20,8 +20,8 @@ For a kernel linear in its only variance v the gradient in v comes from K itself
 The fit runs BLAS on one thread by default (``blas_threads=1``, via threadpoolctl): it
 makes hundreds of factorisations of matrices of a few thousand rows at most, where
 threads gain little, and where cores are shared (other processes, parallel chains,
-Dask workers) spinning BLAS threads made each call up to 300x slower (measured on
-2 shared cores: a fit at N = 120 took 20 s with 2 OpenBLAS threads, 0.06 s with 1).
+Dask workers) spinning BLAS threads can make each call hundreds of times slower (two
+OpenBLAS threads on two shared cores turn a fit of a fraction of a second into tens of seconds).
 """
 
 from __future__ import annotations
@@ -209,9 +209,9 @@ def fit_gp(
     max_starts : most starts in all, default ``4 * n_starts`` (``n_starts`` are always
         made). The marginal likelihood can have several optima, and the no-signal one
         (kernel variance at its lower bound, noise sd at the data sd) or an over-smoothed one
-        can have the larger basin: with the sigmoid kernel on protein transduction's Rpp the
-        kernel's guess and about half of the uniform starts end there, and with seed 4 all 5
-        starts missed the best optimum (by 22-28 nats on each of data seeds 0-4). After the
+        can have the larger basin: with the sigmoid kernel on a saturating series the kernel's
+        guess and about half of the uniform starts can end there, so that 5 starts may all miss
+        the best optimum, by tens of nats. After the
         ``n_starts`` starts, further uniform starts are made, one at a time, while the best
         optimum has been reached by only one start (within 1e-3 nats) or explains the series
         no better than white noise with the data's variance (within 1 nat of

@@ -27,19 +27,16 @@ Agreement is not evidence of the data's basin in two cases, which hold the chain
 - **The optimum fits the data worse than the GPs do.** Each observed state's residual sd
   at the best optimum, sqrt(RSS_k / N_k), is compared with its noise level: the sd the user
   gave, or else the larger of the GP's estimate and a model-free one from the measurements
-  alone (:meth:`pgpgm.data.Observations.difference_noise_sd`; a GP on 15 points can take
-  noise for signal: protein transduction, data seed 1, the GP's sd of S is 0.0028 where the
-  data's is 0.01). The chains may stop early only while every ratio is at most
-  ``fit_ratio`` (default 2). Chains still travelling through the box can refine to a wrong
-  optimum at two checks in a row, both agreeing on it: FitzHugh-Nagumo, R observed, default
-  box (0, 10), data seed 0 - both chains' means refined at 100 and 150 iterations to theta
-  (1.52, 2.42, 1.64), whose residual sd is 8.7 times the GP's noise sd; at the global
-  optimum (0.217, 0.245, 2.96), which the chains reach at 200-250 iterations, it is 1.03.
+  alone (:meth:`pgpgm.data.Observations.difference_noise_sd`; a GP on a few points can take
+  noise for signal and estimate a noise sd several times too small). The chains may stop
+  early only while every ratio is at most ``fit_ratio`` (default 2). Chains still travelling
+  through the box can refine to a wrong optimum at two checks in a row, both agreeing on it;
+  such an optimum leaves residuals several times the noise level, where the data's optimum
+  leaves a ratio near 1.
 - **The optimum lies on a bound of a Uniform prior** (:func:`pgpgm.refinement.bounds.bound_report`):
   chains started apart can sit together in a mode against the box for thousands of
-  iterations before they find the data's optimum (Lotka-Volterra, x2 observed, data and
-  sampler seed 4: both chains' means refined to a bound, 38 nats above the optimum, at every
-  check up to 2600 iterations).
+  iterations before they find the data's optimum, their means refining to a point on the
+  bound far worse than the optimum at every check.
 
 While the best is held, the chains' means are refined at growing intervals, and each such
 check also refines least squares from new points spread over the prior box (a scrambled
@@ -55,10 +52,9 @@ to different optima) where another chain's optimum fits the data too (residual r
 least squares runs from the ``screen_starts`` (16) next of ``screen_points`` (256) box points ranked
 by the gradient-matching density itself (at the GPs' means: one latent solve per point). A better
 optimum found there resets the settling count and the chains go on; otherwise they stop. The
-density is the method's cheap proxy of the likelihood: on the held-out grid's d2031-goodwin-003
-(Goodwin, 20 points, 20 % noise, box 10 x truth), whose optimum 1 of 500 random least-squares
-starts reaches, 16 ranked points reach it in 12 of 12 kernel x seed fits (8 in 10 of 12; the fits
-without them: 6 of 12), where the chains had stopped in modes 14 and 24 nats worse.
+density is the method's cheap proxy of the likelihood: ranking by it concentrates the few starts
+where the data's optimum lies, so that an optimum that random least-squares starts reach only rarely
+(a wide box, sparse noisy data) is still found by a handful of ranked ones.
 
 ``stop="never"`` runs the whole budget (``tune + draws``), as published.
 """
@@ -85,9 +81,8 @@ from .target import GradientMatchingTarget
 #: estimated (their alternation's rounds; :func:`pgpgm.refine`'s ``noise_rtol``, 1e-7); None: refine's own.
 #: The rule compares optima to ``tol`` nats, which an sd off by d relative moves by about N d^2; step 3
 #: refines from the rule's best to refine's tolerance. With one observed state the alternation ends at its
-#: second round anyway (left as it was). Measured on 15 grid fits with 2-4 observed states (benchmarks/
-#: robustness.py, paired with 1e-7, 2026-11-26): the same optima and stop iterations, the rule's time
-#: 0.82x, the fits' CPU 0.89x (median).
+#: second round anyway (left as it was). Against 1e-7, fits with 2-4 observed states stop at the same
+#: optima and iterations with the rule's time about 0.8x and the fit's CPU about 0.9x.
 RULE_NOISE_RTOL: float | None = 1e-4
 
 
@@ -147,9 +142,9 @@ class RefinedAgreement:
         spread over the Uniform priors' box
         (a scrambled Sobol sequence seeded by ``seed``; the observed states' initial values at
         the GPs' means); the best of them competes with the chains' optima. A chain held in a
-        wrong mode of the gradient-matching density for the whole budget (Lotka-Volterra, x1
-        observed, box (0, 40)) then still ends at the data's optimum. 0, or priors that are not
-        all Uniform, switch it off
+        wrong mode of the gradient-matching density for the whole budget (as in a wide prior
+        box) then still ends at the data's optimum. 0, or priors that are not all Uniform,
+        switch it off
     box_release : an optimum held on a bound or by a poor fit may stop the chains (after
         ``patience`` settled checks) once the box search has refined this many points without
         finding a better one: chains and a multi-start agree that the data have no better
@@ -170,31 +165,25 @@ class RefinedAgreement:
     probe_starts : most dispersed least-squares starts of the probe (0 switches the probe off, as do
         priors that are not all finite Uniform ones: no box to spread them over)
     probe_agree : dispersed starts that must reach the chains' optimum for the probe to stop them
-        (default 2: on the held-out grid's d2027-seir-016, SEIR with lognormal noise, whose better
-        optimum draws 26 % of box starts and one 1.16 nats worse 71 %, one start let 2 of 24 default
-        fits (3 kernels x 8 seeds) stop in the worse one, two starts 1 of 24; on 48 fits of 8 grid problems
-        where the probe stops (3 kernels x 2 seeds, paired in one process) the same iterations at 1.03x the
-        CPU, median)
+        (default 2: where a worse optimum draws most box starts, a single start that reaches it can
+        confirm chains that agree on it; a second start lowers that risk and, where the probe stops,
+        costs a few per cent more CPU)
     screen_points : box points (a scrambled Sobol sequence of their own) ranked by the gradient-matching
         log density with the observed states at the GPs' means (:attr:`screened_points`); 0, or priors
         that are not all finite Uniform ones, switch the ranked search off
     screen_starts : ranked points refined (best first, as the box search refines its points) each time the
         chains would stop while their means refine to different optima and one other than the best fits
-        the data (``fit_ratio``; a chain held in a mode that does not fit, as on Lotka-Volterra with x2
-        observed, costs no search); a better optimum among them keeps the chains going. 0 switches it off
+        the data (``fit_ratio``; a chain held in a mode that does not fit costs no search); a better
+        optimum among them keeps the chains going. 0 switches it off
 
     The defaults - first check at 100 iterations, then every 50, so a stop at 150 at the
-    earliest - follow the published cases: every chain's mean refined to the global optimum
-    by 150 iterations on FitzHugh-Nagumo (R observed, seeds 0-2), after sitting in a local
-    optimum for the first 50-100 (both chains agreeing there at 50: one check would not do;
-    checks every 25 from 25 on stopped 2 of 5 such fits in a wrong optimum). Checks every 50
-    iterations from 100 on reached the optimum of checks every 100 in 60 of 60 fits (the six
-    published cases, data and sampler seeds 0-9) at 0.8-0.9x the CPU time. The probe at 50
-    needs more than one check's agreement of the chains (a dispersed least-squares start
-    reaching their optimum, its fit, no bound). On the robustness grid of the benchmark
-    robustness.py, seed 0 of its 37 problems x 3 kernels, it stopped 28 of 52 fits run
-    side by side with and without it, at 0.56x their CPU time (median), every fit at the
-    reference optimum; fits it did not stop cost the same (1.01x).
+    earliest - leave the chains time to leave a local optimum: chains can sit together in
+    one for their first 50-100 iterations and agree there, so one check would not do, and
+    checks every 25 from 25 on stop some fits in a wrong optimum. Checks every 50 from 100 on
+    reach the optimum that checks every 100 reach, at 0.8-0.9x the CPU time. The probe at 50
+    therefore needs more than one check's agreement of the chains (a dispersed least-squares
+    start reaching their optimum, its fit, no bound); with it about half of fits stop at
+    about half their CPU time, at the same optimum, and fits it does not stop cost the same.
     """
 
     density: GradientMatchingDensity
@@ -396,8 +385,8 @@ class RefinedAgreement:
     def _kept(previous: Decision | None) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
         """(nll, q, residual ratios) of the best optimum the chains' means were refined to at the checks up to
         ``previous`` (a chain may have left it since, for a worse mode of the gradient-matching density:
-        data seed 2016 of the held-out robustness grid, SEIR, Matern 5/2: one chain's mean refined to the
-        optimum at the probe, both to one 1.16 nats worse from 100 iterations on); ``(inf, (), ())`` if none."""
+        a chain's mean can refine to the optimum at the probe and to a worse one at every later check);
+        ``(inf, (), ())`` if none."""
         if previous is None:
             return np.inf, (), ()
         kept = (float(previous.kept_nll), tuple(previous.kept_q), tuple(previous.kept_fit_ratio))
@@ -524,8 +513,8 @@ class RefinedAgreement:
         """(K, P + U) ``screen_points`` points spread over :meth:`box` (a scrambled Sobol sequence of its own),
         ordered by the gradient-matching log density at each with the observed states at the GPs' means,
         highest first (K = 0 when :meth:`box` is None). Computed on first use, once per rule: K density
-        evaluations, each one solve of the latent states (0.02-0.06 s for 256 points on the robustness grid's
-        systems)."""
+        evaluations, each one solve of the latent states (a few hundredths of a second for 256 points on
+        small systems)."""
         bounds = self.box()
         if bounds is None or self.screen_points == 0:
             return np.empty((0, 0 if bounds is None else bounds.shape[0]))

@@ -277,7 +277,7 @@ def _chain_starts(target: GradientMatchingTarget, init, chains: int, seed) -> li
             if strategy == "prior":
                 continue
             if isinstance(init, str) and init == "spread" and strategy == "prior-median":
-                strategy = "prior"  # the box's centre fails (SEIR, tight box, d2027-seir-025): a prior draw instead
+                strategy = "prior"  # the box's centre can be where the density is not finite: a prior draw instead
                 continue
             where = (f"the density is not finite at the start {theta0.tolist()} of chain {c} (init={init!r}): "
                      + target.explain(theta0, x_start))

@@ -28,8 +28,8 @@ class PosteriorBudget:
     gradient_evaluations : leapfrog steps (one ODE solve with sensitivities each) of all chains
         and rounds, tuning included (None: no limit); unlike seconds, it does not depend on the
         machine or its load. The default, 3000000, leaves the 60 s to bind on a 2-core machine
-        (300000 stopped every published Lotka-Volterra fit after 33-58 s, short of convergence; with
-        step 4's explicit solves 1000000 stopped Lotka-Volterra x2 with large noise at 53 s).
+        (a tenth of it stops ordinary fits within the 60 s, short of convergence, and a third of it
+        can stop a hard one before the seconds do).
         Chains in waves (``cores < chains``) may exceed it by up to a quarter while the last wave's
         late-started chain catches up, and a wave's evaluations before its last chain started are
         not counted (see :class:`BudgetMeter`). Chains that run at once whose budget is spent before

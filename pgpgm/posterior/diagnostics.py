@@ -18,9 +18,9 @@ from .budget import SHARPEN_SHARE, PosteriorBudget
 RHAT_MAX, ESS_MIN = 1.01, 400
 #: the Monte Carlo error of every variable's posterior sd, relative to the sd, that step 4 goes on towards
 #: once R-hat and ESS pass, as far as its budget affords (:func:`pgpgm.posterior.rounds.run_nuts`). At ESS 400
-#: a Gaussian posterior's sd is uncertain by ~3.5 %, a heavy-tailed one's by 7-14 % (Lotka-Volterra x1
-#: observed, lognormal noise or x2(0) unknown: kurtosis ~14), too much for an sd that should be right within
-#: 10 %; 5 % asks those posteriors for ~2-8x the draws and a Gaussian one for none (benchmarks/RESULTS.md)
+#: a Gaussian posterior's sd is uncertain by ~3.5 %, a heavy-tailed one's (kurtosis ~14, as ODE posteriors
+#: with lognormal noise or an unknown initial value can be) by 7-14 %, too much for an sd that should be right
+#: within 10 %; 5 % asks those posteriors for ~2-8x the draws and a Gaussian one for none
 SD_ERROR = 0.05
 
 
@@ -153,9 +153,9 @@ MODE_SEPARATION = 4.0
 #: (a chain still travelling between regions is not a mode of its own)
 SETTLED_SDS = 1.0
 #: a chain is stuck - settled where it is, however its halves differ - when its sd in every variable is at
-#: most this fraction of the largest chain sd of that variable: a chain whose step size collapsed (Lotka-
-#: Volterra x1, large noise, seed 0, nutpie: one chain at theta1 = 10, the prior's upper bound, 1023
-#: leapfrog steps per draw, sds 1e-14 to 1e-8 drifting by more than that, the others' sds 0.07-1.7)
+#: most this fraction of the largest chain sd of that variable: a chain whose step size collapsed (e.g. at
+#: a prior's bound, ~1000 leapfrog steps per draw) has sds of 1e-14 to 1e-8 and drifts by more than that,
+#: where the other chains' sds are of order 0.1-1
 STUCK_FRACTION = 1e-4
 
 

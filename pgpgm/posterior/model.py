@@ -73,10 +73,10 @@ def data_name(what: str, state: str) -> str:
 
 #: step 4 samples the initial value of a measured state that the equations keep positive on the log scale
 #: (its Normal prior restricted to positive values) when the refined value lies within this many standard
-#: errors of 0 (:func:`positive_initial_values`): where the posterior reaches towards 0 (SIR's I from
-#: I0 ~ 0.3: 1589 divergences on the state's own scale, none on the log scale). Farther out the state's own
-#: scale serves (Lotka-Volterra's x2(0) = 3.05 +- 0.04, seed 1: 3x the draws to converge on the log scale,
-#: 2026-11-29)
+#: errors of 0 (:func:`positive_initial_values`): where the posterior reaches towards 0, the state's own
+#: scale meets the wall at 0 with thousands of divergences and the log scale with none. Farther out the
+#: state's own scale serves (a value many standard errors from 0 can need ~3x the draws to converge on the
+#: log scale)
 POSITIVE_X0_SE = 5.0
 
 
@@ -326,7 +326,7 @@ def build_ode_model(
 def as_slice(rows: np.ndarray) -> slice | np.ndarray:
     """``rows`` (R,) increasing indices, as a slice where they are evenly spaced (else as they are): the same
     rows by basic indexing, which PyTensor's numba backend compiles in a fraction of the time of advanced
-    indexing by an array (step 4's model of a new grid: 1.7 s less, 2026-11-29)."""
+    indexing by an array (seconds less for step 4's model of a new grid)."""
     rows = np.asarray(rows)
     if rows.size > 1:
         step = rows[1] - rows[0]
@@ -378,12 +378,10 @@ def log_scale_names(priors: Priors) -> tuple[str, ...]:
     """The parameters to sample on the log scale (see :func:`build_ode_model`): every one with a
     Uniform(0, upper) prior.
 
-    Measured on the published Lotka-Volterra cases (20 fits, ``benchmarks/RESULTS.md``): a rule that
-    kept on the log-odds scale the parameters whose estimate + 6 standard errors reached the bound left
-    exactly the posteriors that spread towards the bound there, where the log-odds scale bends the
-    straight log-scale ridge (LV x1 observed, seed 3: R-hat 1.16, ESS 12 after 300000 gradient
-    evaluations); on the log scale, whose soft wall meets the bound smoothly, the same fit reached R-hat
-    1.008, ESS 343. A posterior cut by the bound samples without divergences there
-    (``tests/test_posterior.py``)."""
+    Not the log-odds scale for the parameters whose posterior reaches the upper bound: a rule that kept
+    them there (estimate + 6 standard errors past the bound) kept exactly the posteriors that spread towards
+    the bound, where the log-odds scale bends a ridge that is straight on the log scale, and NUTS did not
+    converge on them; on the log scale, whose soft wall meets the bound smoothly, the same posteriors do.
+    A posterior cut by the bound samples without divergences there (``tests/test_posterior.py``)."""
     return tuple(name for name, spec in zip(priors.names, priors.specs)
                  if not callable(spec) and spec[0] == 0.0 and np.isfinite(spec[1]))

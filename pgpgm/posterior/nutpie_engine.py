@@ -2,7 +2,7 @@
 
 nutpie (the PyMC team's NUTS in Rust, the model's log density compiled by numba) runs every chain
 as a thread of this process - no chain process starts - and spends about a third of PyMC's time
-per leapfrog step around the same log density (``benchmarks/posterior.py``). It cannot extend a
+per leapfrog step around the same log density. It cannot extend a
 finished chain, so instead of PyMC's rounds (:func:`pgpgm.posterior.rounds.run_nuts`) one run is
 asked for up to ``max_draws`` draws per chain and watched from here:
 
@@ -17,8 +17,8 @@ asked for up to ``max_draws`` draws per chain and watched from here:
 With the whitening below, nutpie's trace holds z and the free variables only; the model's deterministics
 (every state on the plotting grid: 800 numbers a draw on Lotka-Volterra) are computed after sampling for
 the draws kept (:func:`add_after`, a numba loop in threads without the GIL). The trace each check reads
-is then small (0.01-0.02 s a check against 0.2-0.45 s at 9000 draws per chain, Lotka-Volterra x2 observed,
-large noise), and the tuning iterations and the draws after a pass cost no trajectories.
+is then small (0.01-0.02 s a check against 0.2-0.45 s with the trajectories, at 9000 draws per chain), and
+the tuning iterations and the draws after a pass cost no trajectories.
 
 With ``whiten=(mean, covariance)`` (the refinement's Laplace approximation in the transformed space,
 :func:`pgpgm.posterior.space.seed_metric`) nutpie samples z in u = mean + L z (L L^T = covariance, u the
@@ -26,28 +26,26 @@ model's value variables): :func:`whitened_model`. nutpie's own metric is diagona
 draws' and the gradients' spread) plus, with :data:`ADAPTATION`, a low-rank correction; on the
 correlated, ridge-shaped posteriors of ODE parameters it needs long trajectories in the original
 coordinates, and in the whitened ones what is left to adapt is what the Laplace approximation
-misses (Protein transduction, R observed, seed 2: 9.6 leapfrog steps per draw, R-hat 1.0085, ESS 316
-from 4 x (300 + 1000); not whitened: 8 draws in 60 s).
+misses (a posterior that needs ~10 leapfrog steps per draw whitened can give only a handful of draws in
+a minute unwhitened).
 
 The whitened model is compiled into nutpie's two C callbacks inside the budget
 (:func:`compile_whitened`): PyTensor's functions of the log density and of a draw, and two small
 callbacks around them that read the data and the whitening from nutpie's ``user_data``. Their code
 depends on the model's structure alone, so numba caches it: a fit of a model of the same structure
 (new data, a new optimum, a new process) loads both callbacks, and what is left is PyTensor's graph
-rewriting. Measured on this project's slower VM (``./run.sh bench posterior --compile --ways pgpgm``,
-a new process each, 2026-11-28): 2.6-4.1 s on Lotka-Volterra x1, 6.4-7.8 s on protein transduction,
-1.6-3.1 s on FitzHugh-Nagumo R, against 10.4-11.3, 16.2-28.4 and 10.6-20.7 s when numba linked the
-callbacks afresh for every run; the first fit of a new structure still compiles them (8-25 s). Within
+rewriting: a few seconds in a new process, against 10-30 s when numba links the callbacks afresh
+for every run; the first fit of a new structure still compiles them (8-25 s). Within
 a process the compiled model of each structure is kept (:func:`compiled_for_structure`): a later model of
 that structure - new data, a new optimum, step 4's next round - compiles nothing, not even PyTensor's
 rewriting.
 
-A run that passed returns the draws that passed (not the few more drawn before the abort: LV x2
-observed, large noise, seed 0 passed at one check and ended at R-hat 1.0105 with them). Otherwise the
+A run that passed returns the draws that passed (not the few more drawn before the abort, which can
+take R-hat back above its threshold). Otherwise the
 draws returned are those every chain has (a chain the abort caught ahead of the others is cut
 to the shortest), and the tuning iterations apart (the caller keeps their latter half, as PyMC's
-engine does, when the budget ended the run while tuning: the repressilator, 6 states, compiled and
-tuned for the whole 60 s); ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``, and
+engine does, when the budget ended the run while tuning, as a larger model can compile and tune for
+the whole budget); ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``, and
 ``observed_data`` the model's data, as with PyMC.
 """
 
@@ -74,18 +72,15 @@ WHITE = "pgpgm_z"
 
 #: nutpie's mass-matrix adaptation: a diagonal plus a low-rank correction learnt from the draws and the
 #: gradients (nutpie's ``adaptation="low_rank"``). In the whitened coordinates it adapts what the Laplace
-#: approximation misses - a posterior wider or turned along a ridge that reaches the prior bound.
-#: Measured on the 40 published fits (benchmarks/RESULTS.md): 35 converged against 30 with the diagonal
-#: alone, 7 of the 10 large-noise Lotka-Volterra fits against 2.
+#: approximation misses - a posterior wider or turned along a ridge that reaches the prior bound. More
+#: fits converge within the budget than with the diagonal alone, most of all the broad, ridge-shaped
+#: posteriors of large noise, which the diagonal leaves mostly unconverged.
 ADAPTATION = "low_rank"
 #: each draw's step size is the adapted one times U(1 - j, 1 + j) (nutpie's ``step_size_jitter``; its own
-#: default, kept). Measured with 0.5 (Stan's recommended value; benchmarks/RESULTS.md, "The ridge, and
-#: step-size jitter"):
-#: the large-noise Lotka-Volterra x2 posteriors - a broad bulk with a thin curved ridge out of it - then
-#: mix between the two (seeds 1 and 2: R-hat 1.008 / 1.007, ESS 438 / 529 against 1.022 / 1.066, 124 / 53),
-#: 40 of 40 published fits converged against 38; but on the other shipped cases 9 of 13 against 11 of 13:
-#: two chains of Michaelis-Menten P thrown past k1's soft wall during tuning stayed there (step sizes 1e-5
-#: and 1e-11), and the repressilator and SEIR drew fewer effective draws per gradient.
+#: default, kept). A larger jitter, 0.5 (Stan's recommended value), helps posteriors made of a broad bulk
+#: with a thin curved ridge out of it (large noise) mix between the two, but elsewhere it throws chains
+#: past a soft wall of the density during tuning, where they stay with collapsed step sizes, and costs
+#: effective draws per gradient on other models: it loses more fits than it gains.
 STEP_SIZE_JITTER = 0.1
 #: seconds between two looks at the budget while nutpie samples
 POLL = 0.1
@@ -95,16 +90,14 @@ POLL = 0.1
 GROWTH = 1.25
 #: further checks between two of those counts (geometrically spaced), since a check reads only a few scalars
 #: (:func:`checked_draws`; the trajectories are not in nutpie's trace): every count of GROWTH alone is still
-#: checked, so no run passes later than with those alone. Lotka-Volterra x2 observed, large noise, seed 3
-#: passes at 11403 draws per chain with GROWTH alone, and from 9900 on: one count between (10199) ends it
-#: 11 % sooner (benchmarks/RESULTS.md)
+#: checked, so no run passes later than with those alone. A run that would pass between two counts of
+#: GROWTH alone ends up to 1 - GROWTH^(-1/2) (~11 %) sooner with one count between
 BETWEEN = 1
 #: half-width of the uniform jitter of each chain's start in the whitened coordinates (nutpie's own: 1).
 #: Where the Laplace approximation is far wider than the posterior (a refined value on its bound, standard
 #: errors of 3 in log theta), a start 1 whitened sd out lies deep in a stiff tail: the chains' step sizes
-#: collapse and their first 50 tuning draws took ~28000 leapfrog steps each (Lotka-Volterra x1 large noise
-#: seed 0). Side by side on the 40 published fits (benchmarks/RESULTS.md): 34 converged with 0.1 against
-#: 31 with 1, no stuck chain against two. The chains still separate during tuning (500 draws).
+#: collapse and their first tuning draws can take tens of thousands of leapfrog steps each. With 0.1 no
+#: chain starts stuck there and more fits converge; the chains still separate during tuning (500 draws).
 START_JITTER = 0.1
 
 
@@ -378,15 +371,15 @@ def compile_whitened(white, keep: Sequence[str], *, after: Sequence[str] = (), r
     ended (:meth:`Whitened.expand`). Chains start at z ~ U(-:data:`START_JITTER`, :data:`START_JITTER`) in
     every coordinate (nutpie's own jitter of z = 0 is U(-1, 1)).
 
-    Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16; the
-    figures in ``benchmarks/RESULTS.md``): the two PyTensor functions are loaded from PyTensor's numba
+    Built here rather than by ``nutpie.compile_pymc_model`` for the time it takes (nutpie 0.16): the two
+    PyTensor functions are loaded from PyTensor's numba
     cache (the whitening and the data are shared variables, so a fit of new data or a new optimum
     finds the functions compiled for the last one), and each callback is a few lines around them
     (:func:`_callback`) that read the shared values from nutpie's ``user_data``, one float64 buffer
     (:func:`_shared_layout`). The callbacks' compiled code therefore depends on the model's structure
     alone, and numba caches it beside PyTensor's functions: a later fit of a model of the same
     structure, in any process, loads them instead of compiling them again (typing and linking the
-    cached functions into the callbacks took most of the compilation: 9.5 of 11.7 s on Lotka-Volterra).
+    cached functions into the callbacks is most of the compilation, about four fifths of it).
 
     With ``reuse`` (step 4's), a model whose graph has the structure of one compiled before in this
     process (:func:`graph_structure`: the same operations, constants and shapes; only the shared values -
@@ -683,9 +676,9 @@ def checked_draws(run, names: Sequence[str], at: int) -> xr.DataTree | None:
     while a chain has fewer.
 
     nutpie's own ``inspect`` converts every column of every draw, a draw's trajectories too (800 numbers
-    a draw on Lotka-Volterra with its 400 dense times): on Lotka-Volterra x2 with large noise the 15
-    checks of one fit read 23 s on the main thread while 4 chains sampled on 2 cores (11403 draws per
-    chain at the last), against its 6 parameters and 4 statistics here."""
+    a draw on Lotka-Volterra with its 400 dense times): a long run's checks then spend tens of seconds on
+    the main thread, taken from the chains where cores are few, against a few scalars and statistics
+    here."""
     def column(batch, name: str) -> np.ndarray:
         return np.asarray(batch.column(name))  # an Arrow array (arro3) by the array protocol
 

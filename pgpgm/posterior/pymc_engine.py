@@ -16,10 +16,10 @@ from .budget import KEEP_CHAINS, BudgetMeter
 #: the step-size target of a further round is raised halfway to 1 (0.9 -> 0.95 -> 0.975 -> 0.9875) but
 #: not above this: each raise shrinks the step size and lengthens every trajectory, and divergences that a
 #: smaller step does not remove (a solver failure as -inf, a wall) made an uncapped target climb towards 1
-#: round after round (FitzHugh-Nagumo R observed from a wrong mode: 0.99375 in round 5, step size 0.000,
-#: 1023 leapfrog steps per draw, 846 s). A cap of 0.95 left Lotka-Volterra x1 observed (seed 0) with
-#: 15 divergences after 6 rounds (332 s), where the ridge meets the prior bound; uncapped, its rounds had
-#: passed (193 s): the later raises help there, so the cap is 0.99 and the budget bounds the rest.
+#: round after round (from a wrong mode: past 0.99 by round 5, a step size near 0 and 1023 leapfrog steps
+#: per draw, over ten minutes of sampling). A cap of 0.95 leaves divergences where a ridge meets a prior
+#: bound, which the later raises remove, in less time than the capped rounds take: the later raises help
+#: there, so the cap is 0.99 and the budget bounds the rest.
 TARGET_ACCEPT_MAX = 0.99
 
 
@@ -53,9 +53,9 @@ def kept_draws(tree, stopped: bool = True):
     """The draws of a :func:`pymc.sample` tree made with the tuning iterations kept: its draws after
     tuning, or, when it stopped while tuning, the latter half of its tuning iterations
     (``attrs["pgpgm_tuning_draws"] = 1``) - and also when it stopped just after tuning, with fewer
-    draws than that half: then that half and the draws (Lotka-Volterra x2 observed, large noise, seed
-    3: a 60 s budget stopped 1 draw after 500 tuning iterations, leaving 1 draw per chain and no
-    diagnostics). ``stopped``: whether the budget stopped it (else its draws are kept however few)."""
+    draws than that half: then that half and the draws (a budget that stops a run a draw after tuning
+    would leave 1 draw per chain and no diagnostics). ``stopped``: whether the budget stopped it (else
+    its draws are kept however few)."""
     n_post = tree.posterior.sizes.get("draw", 0) if "posterior" in tree.children else 0
     n_tune = tree["warmup_posterior"].sizes.get("draw", 0) if "warmup_posterior" in tree.children else 0
     out = xr.DataTree()

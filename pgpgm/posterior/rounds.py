@@ -91,13 +91,10 @@ def auto_sampler(model: pm.Model) -> str:
     cover; and wherever nutpie cannot be imported). :func:`pgpgm.fit_study` runs PyMC's rounds for a
     hierarchical model, whose population-sd funnel no Laplace approximation describes.
 
-    Measured side by side on this project's slower VM (``benchmarks/RESULTS.md``, 2026-11-28): the 40
-    published fits converged 31 times with nutpie in a median 30.0 s of step 4, 24 with PyMC's rounds
-    in 54.0 s; issue 30's runaway cases (a 6-state repressilator, a 10-state chain, Lotka-Volterra x2
-    with large noise, FitzHugh-Nagumo from a wrong optimum) each ended within 3.0x the main job's fit,
-    the 10-state chain and the wrong optimum converged in 2 of 2 fits each (PyMC's rounds: 1 of 2 and 2
-    of 2). nutpie compiles the model inside the budget; its callbacks are cached by the model's
-    structure, so a later fit of the same structure pays 2-8 s, the first one 8-25 s."""
+    nutpie converges in more fits than PyMC's rounds within the same budget, in about half of their
+    time, and keeps costly cases (many states, a broad posterior, a start at a wrong optimum) within a
+    few times an ordinary fit. nutpie compiles the model inside the budget; its callbacks are cached by
+    the model's structure, so a later fit of the same structure pays 2-8 s, the first one 8-25 s."""
     return "nutpie" if _scalar_values(model) and _has_nutpie() else "pymc"
 
 
@@ -126,17 +123,16 @@ MIN_ROUND_DRAWS = 100
 
 #: a round's draws whose R-hat and ESS fail are extended by the next round (each chain continued from
 #: its last draw, the draws judged together) - the first round's too, when its chains have met: max R-hat
-#: at most this. Measured on 16 published fits (the 15 that missed R-hat or ESS in 60 s, and FHN V seed 4;
-#: 2026-11-26, step-4 inputs captured from the default fit, side by side): carrying the first round's
-#: draws and those of rounds with divergences (formerly both dropped: each such round started the count
-#: again) passed 9 of 16 against 3 of 16 (PT S,R latent seed 2: round 1 ESS 300, round 2 alone 133
-#: draws; LV x2 seed 2: R-hat 1.054 -> 1.003)
+#: at most this. Dropping such draws starts the count again at each round, so a fit that misses R-hat or
+#: ESS in its budget only by a little never gathers enough draws; carried, they add up (a second round
+#: alone can have fewer effective draws than the first had), and about three times as many of those fits
+#: pass
 RHAT_CARRY = 1.05
 
 
 #: most NUTS rounds of :func:`sample_posterior` (and :func:`pgpgm.fit`'s ``posterior_rounds``): a
-#: posterior that spreads over the whole prior box (Lotka-Volterra, x2 observed, noise sd 0.5, seed 3)
-#: mixes slowly (min ESS 60-400 per round of 4 x 2000 draws) and passed R-hat <= 1.01 in round 6
+#: posterior that spreads over the whole prior box mixes slowly (a min ESS of 60-400 per round of 4 x 2000
+#: draws) and can need six rounds to pass R-hat <= 1.01
 MAX_ROUNDS = 6
 
 #: relative tolerance of step 4's ODE solves (:class:`pgpgm.NUTS` ``rtol``; the solver's atol is
@@ -255,9 +251,9 @@ def run_nuts(
         covariance (see :func:`seeded_potential`) and adapts it from the chains' tuning draws (PyMC's
         windowed dense adaptation, weight 10 on the seed); ``"laplace"`` keeps that seed fixed and tunes
         the step size only, so that a short ``tune`` (e.g. 200) serves where the Laplace covariance fits
-        the posterior (measured, benchmarks/RESULTS.md: fewer gradient evaluations per effective draw on
-        Lotka-Volterra x2 and FitzHugh-Nagumo V observed; a posterior far from Gaussian at the optimum,
-        e.g. one spread to a prior bound, needs ``"adapt"`` or the later rounds' pooled matrix)
+        the posterior (then with fewer gradient evaluations per effective draw; a posterior far from
+        Gaussian at the optimum, e.g. one spread to a prior bound, needs ``"adapt"`` or the later rounds'
+        pooled matrix)
     started : the :func:`time.perf_counter` time at which the work of this step began (e.g. before
         :func:`build_ode_model`, whose ODE solve compiles on a cold cache: 10-20 s): the budget's seconds count
         from it, but at least :data:`MIN_SAMPLING_SHARE` of them are left for sampling (default: now)
@@ -266,8 +262,8 @@ def run_nuts(
         warns once for the whole fit)
     ess : the bulk and tail ESS every variable must reach (default :data:`ESS_MIN`, 400): the chains go on
         (within the budget and ``max_rounds``) until it does. An sd's Monte Carlo error is about
-        sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14, Lotka-Volterra
-        x1 observed with x2(0) unknown: ~10 % at ESS 400); ask for more where the sds must be sharper
+        sd / sqrt(2 ESS) for a Gaussian posterior but grows with the tails' weight (kurtosis 14: ~10 % at
+        ESS 400); ask for more where the sds must be sharper
     sd_error : once R-hat and ESS pass, the chains go on while some variable's sd has a Monte Carlo error
         (:func:`~pgpgm.posterior.diagnostics.sd_errors`) above this fraction of the sd (default
         :data:`~pgpgm.posterior.diagnostics.SD_ERROR`, 5 %) and the budget's :data:`SHARPEN_SHARE` (3/4)
@@ -395,10 +391,10 @@ def run_nuts(
 #: a nutpie run whose draws pass R-hat and ESS with divergences is followed by one run at
 #: :data:`TARGET_ACCEPT_MAX` (PyMC's engine raises the target round by round), whose draws replace the first
 #: run's when they pass too - where the budget left is at least this many times what the first run took (the
-#: higher target's smaller steps cost 1.5-2.6x the leapfrog steps per draw: Lotka-Volterra x1 observed with
-#: x2(0) unknown, 9.4 at 0.9, 14.2 at 0.95, 24.0 at 0.99). Measured there (4 x 6000 draws, 2026-11-30): 83, 46
-#: and 12 divergences, theta1's sd 0.496, 0.567 and 0.642 against 0.707 from numpyro at 0.99 without a
-#: divergence (4 x 10000): the draws at the adapted step size stop short of the tail that narrows along the ridge
+#: higher target's smaller steps cost 1.5x (0.95) to 2.6x (0.99) the leapfrog steps per draw at 0.9). Its
+#: draws are worth the cost: with divergences the draws at the adapted step size stop short of a tail that
+#: narrows along a ridge, and a posterior sd can come out 10-30 % below an independent reference's, the
+#: less the higher the target and the fewer the divergences
 DIVERGENCE_RUN_COST = 3.0
 
 
@@ -565,9 +561,8 @@ sample_posterior.__signature__ = inspect.signature(run_nuts)
 
 
 #: a further round aims at this multiple of ESS_MIN: R-hat and ESS are themselves noisy near the
-#: thresholds (FitzHugh-Nagumo V observed, seed 4: rounds of 500-750 draws with min ESS 412-622
-#: failed R-hat <= 1.01 or tail ESS >= 400 by chance three times in a row, 1.0101 / 372 / 1.0142,
-#: and a fourth round passed with 1.0036)
+#: thresholds: a round aimed at ESS_MIN itself can fail R-hat <= 1.01 or tail ESS >= 400 by chance, just
+#: above or below, several times in a row
 ROUND_ESS_MARGIN = 2.0
 
 
@@ -577,8 +572,8 @@ def next_round_draws(last_draws: int, last_ess: float, draws: int, extends: bool
     last ``last_draws`` draws per chain carried to ``ROUND_ESS_MARGIN x ess_min`` - less those
     draws when the round ``extends`` them (a round after the second whose kept draws have no
     divergence) - between ``draws`` and
-    ``4 * draws`` (measured on LV x1 large noise, seed 1: a round of 2000 draws failed by one
-    divergence only, and a next round of just ``draws`` = 500 then fell short of the ESS)."""
+    ``4 * draws`` (a long round that fails by a single divergence can be followed by one of just
+    ``draws``, which then falls short of the ESS)."""
     want = last_draws * ROUND_ESS_MARGIN * ess_min / max(float(last_ess), 1.0) - (last_draws if extends else 0)
     return int(np.ceil(np.clip(want, draws, 4 * draws * max(ess_min / ESS_MIN, 1.0))))
 

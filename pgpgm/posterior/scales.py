@@ -6,7 +6,7 @@ posterior spreading over orders of magnitude) is Gaussian in log theta: step 4's
 (:class:`pgpgm.priors.SoftLogTransform`). A parameter that the data determine to within an additive
 error a good part of its value (the repressilator's leak alpha0 = 0.25 +- 0.08) is Gaussian in
 theta itself and skewed in log theta, whose left tail then falls off only as exp(log theta): there
-NUTS needed ~5x the gradient evaluations (``benchmarks/RESULTS.md``).
+NUTS needs ~5x the gradient evaluations.
 
 :func:`choose_scales` asks the log likelihood which: it probes it at +- :data:`PROBE_SE` marginal
 standard errors from the refined point along the Laplace approximation's regression line of the
@@ -20,7 +20,7 @@ A posterior can also be close to Gaussian at the mode on the log scale and narro
 ridge there: Lotka-Volterra with x1 observed and x2(0) unknown, where the data fix theta1 - x2(0) to a
 width that stays ~0.02-0.05 in x2(0)'s own units while both run from 1.2 to 7 along the ridge; in log
 units that width shrinks 8x, NUTS on the log scale stops (R-hat and ESS pass) without reaching the far
-end, and its sds of theta1 and x2(0) were 0.80x an independent reference at every seed. The width test
+end, and its sds of theta1 and x2(0) come out ~0.8x an independent reference's. The width test
 (``conditional_sd``, :func:`width_changes`) measures each unknown's sd given all the others (the Fisher
 information's diagonal, one sensitivity solve per probe) at the log scale's two probes: where it changes
 by :data:`MIN_WIDTH_CHANGE` or more in log units and by less than half of that (in logs) in the
@@ -148,8 +148,7 @@ def wall_width(se: float) -> float:
     rounded to the nearest power of 4 (between 0.25 and 1 se). The width is a constant of step 4's
     model graph, whose compiled code is kept and reused per graph (:mod:`pgpgm.posterior.nutpie_engine`):
     rounded, fits of similar data share it instead of compiling anew for every standard error (10-15 s
-    a fit on FitzHugh-Nagumo, measured with the unrounded width; rounded to powers of 2, 6 of 20 published
-    fits still compiled anew)."""
+    a fit; rounded to powers of 2, about a third of such fits still compile anew)."""
     return float(4.0 ** np.round(np.log(WALL_WIDTH_SE * se) / np.log(4.0)))
 
 

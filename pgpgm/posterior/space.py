@@ -96,8 +96,8 @@ def continuing_starts(space: ValueSpace, post) -> list[dict[str, np.ndarray]]:
     """Each chain's last draw in ``post`` (chain, draw), as the start of the next round.
 
     A draw whose transformed value is not finite - a parameter far out on the log scale's soft wall
-    comes back from it as exactly its upper bound in floating point (Lotka-Volterra x2 with large
-    noise, seed 4: theta3 = 10.0 in Uniform(0, 10)), where PyMC's start is log(0): "Bad initial
+    comes back from it as exactly its upper bound in floating point (10.0 in Uniform(0, 10)), where
+    PyMC's start is log(0): "Bad initial
     energy" and a failed fit - moves 1e-9 of the way towards the chain's mean, inside the box; the
     chain's per-variable median draw is the last resort."""
     names = [rv.name for rv in space.rvs]

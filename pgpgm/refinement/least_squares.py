@@ -531,8 +531,8 @@ def refine(
         return _failed(problem, q, sd, estimated, n0, f"a solve failed during the refinement ({err})")
     if estimated.any() and problem.noise is None:
         # the first rounds are weighted by the given sds (e.g. a GP's): far from the start's own sds they can lead
-        # least squares away from an optimum it starts at, uphill in the likelihood (the held-out grid's
-        # d2032-pt-011: from -170.635 to -117.849, a GP's sd 60 times below the residuals'). A refinement ends no
+        # least squares away from an optimum it starts at, uphill in the likelihood (a GP's sd far below the
+        # residuals' gives that state's residuals far too much weight against the others'). A refinement ends no
         # higher than its start: else it runs again from the sds that maximise the likelihood at the start
         rss = problem.rss_of(start_residuals)
         start_sd = np.where(estimated, np.maximum(np.sqrt(rss / problem.n_obs), floor), sd)
@@ -574,16 +574,13 @@ def _least_squares(problem: LeastSquaresProblem, q: np.ndarray, lo: np.ndarray, 
     it lowers the cost.
 
     trf keeps its iterates strictly inside the bounds and its steps toward an active bound
-    shrink geometrically, so an optimum on a bound is reached by a crawl: Lotka-Volterra, x1
-    observed, from a chain mean in the wrong basin took 400-780 evaluations to theta3's
-    upper bound 10 (``max_nfev`` 200 exhausted at every noise-sd round), where dogbox, which
-    fixes active bounds, took 14-42 from the same starts. dogbox is not the first method
-    because it fails on ill-conditioned problems: from prior-box starts on protein
-    transduction (R latent) it reached the optimum from 68 % of starts against trf's 100 %,
-    at 30 times the cost (a benchmark since removed; git history). Solves that converge under trf
-    are unchanged; the second solve's budget is short because from random starts
-    (FitzHugh-Nagumo, V observed, a quarter of the starts' solves ran out) a full one added
-    41 % to the cost and a quarter 7-8 %."""
+    shrink geometrically, so an optimum on a bound is reached by a crawl: hundreds of
+    evaluations, more than a ``max_nfev`` of 200, where dogbox, which fixes active bounds,
+    takes tens from the same starts. dogbox is not the first method because it fails on
+    ill-conditioned problems: from prior-box starts it can miss the optimum from a third of
+    the starts that trf refines to it, at many times trf's cost. Solves that converge under
+    trf are unchanged; the second solve's budget is short because where many starts' solves
+    run out, a full second budget adds ~40 % to the cost and a quarter of it under 10 %."""
     res = optimize.least_squares(problem.residuals, q, jac=problem.jacobian, bounds=(lo, hi), method="trf",
                                  x_scale="jac", max_nfev=max_nfev)
     if res.status != 0 or not np.any(np.isfinite(lo) | np.isfinite(hi)):

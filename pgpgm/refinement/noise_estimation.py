@@ -104,9 +104,9 @@ def ml_noise_parameter(name: str, y: np.ndarray, mu: np.ndarray, current: float)
     <= 0); Poisson (no parameter): ``current``.
 
     Known limit (negbin): an alternation (q for fixed alpha, then alpha) can stop at the Poisson limit
-    alpha -> 1e8 when the data are barely overdispersed, a stationary point in the limit; on simulated
-    Poisson SIR counts (benchmarks/studies.py noise, seed 0) its nll was 1.3e-4 above the joint optimum
-    at a finite alpha found by a 3-D multi-start.
+    alpha -> 1e8 when the data are barely overdispersed, a stationary point in the limit; on Poisson
+    counts its nll can lie slightly (~1e-4 nats) above the joint optimum at a finite alpha, which a
+    multi-start over q and alpha together finds.
     """
     m = np.isfinite(y)
     if name == "normal":

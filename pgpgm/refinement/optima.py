@@ -78,10 +78,9 @@ def loose_bound_starts(best: Refinement, bounds: np.ndarray | None) -> dict[str,
     measured; a rate that only enters with an unknown initial value): the likelihood is the same along
     it, so no start there can be better. Each loose parameter gives two starts, the best's unknowns
     with it at each bound, to be refined with it held there (the held bounds) and then freed: from the best's point with it merely
-    moved to the bound the others would pull it back (d2028-mm-026 of the held-out robustness grid,
-    Michaelis-Menten with 20 % noise: k1 and km1 +- 1600 and 1000 on a ridge near (9.5, 5.8), where
-    every chain and box start ended; the data's optimum, 0.025 nats better, lies at km1 = 0 with k1 =
-    0.36). Empty without finite bounds or loose parameters."""
+    moved to the bound the others would pull it back (on a long flat ridge every chain and box start can
+    end in its interior while the data's optimum, slightly better, lies at the ridge's end on a bound).
+    Empty without finite bounds or loose parameters."""
     if bounds is None:
         return {}
     bounds = np.asarray(bounds, float)
@@ -131,12 +130,11 @@ def refine_inside_boxes(problem: LeastSquaresProblem, best: Refinement, points: 
     (its start (Q,), the refinement); empty when every one is inside at ``best``.
 
     Step 3 leaves the free initial values unbounded (the data may say they lie outside the user's box,
-    which the fit then reports), while steps 2 and 4 keep to their priors; the refined point, step 4's
-    start, is the best of these (the held-out grid's d2029-pt-020: R(0) refined to 218 with the prior
-    (0, 3); d2027-seir-034: E(0) to -0.0014 with (0, 0.02)). ``best``'s point alone is not enough: moved
-    into the box it may be where the ODE cannot be solved (d2031-seir-034: E(0) 0.046 -> 0.02 with I(0)
-    -0.018), a point then tried again with the other free initial values at the problem's starting values
-    (``problem.q0``: the observed states' from the data), or in another basin."""
+    which the fit then reports, far above its prior's box or just below 0), while steps 2 and 4 keep to
+    their priors; the refined point, step 4's start, is the best of these. ``best``'s point alone is not
+    enough: moved into the box it may be where the ODE cannot be solved (one initial value clipped to its
+    box while another stays negative), a point then tried again with the other free initial values at the
+    problem's starting values (``problem.q0``: the observed states' from the data), or in another basin."""
     names = best.q_names
     if not outside_boxes(best.q, names, boxes):
         return {}

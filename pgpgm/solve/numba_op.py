@@ -121,8 +121,8 @@ def track_solves(op: ODEOp, integrator) -> str:
 #: their split - written out with that Op's constants (sizes, callback symbols, tolerances, what a failure does)
 #: and compiled once, then cached on disk under a key of its text. Each Op's own function only passes its
 #: times, breakpoints and solve counter, so a new time grid (new data, another subject of a study) compiles
-#: a call and not a solver (Lotka-Volterra-size systems: 5.5-8.7 s of numba's work per grid before,
-#: 2026-11-29).
+#: a call and not a solver (a solver compiled per grid costs seconds of numba's work, 5-9 s for a system
+#: of Lotka-Volterra's size).
 _GENERIC_SOURCE = """
 def ode_solve(theta, x0, times, breaks, counter):
     if theta.shape[0] != {P} or x0.shape[0] != {S}:

@@ -46,11 +46,11 @@ class NUTS:
     ``"auto"`` (default: where the fit's solver is :class:`~pgpgm.solve.cvode.CVODE`, the explicit
     :class:`~pgpgm.solve.dopri5.DOPRI5` at its tolerances with :data:`EXPLICIT_STEPS` steps between two
     output times and its stiffness test, the CVODE redoing any solve it gives up - a stiff stretch -
-    and CVODE alone where DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the shipped
-    models, ``benchmarks/RESULTS.md``), ``"fit"`` (the fit's solver) or a solver object; ess : the bulk and tail
+    and CVODE alone where DOPRI5 gives up at the refined point, :meth:`solver_at`; 2-4x cheaper gradients on the
+    shipped models), ``"fit"`` (the fit's solver) or a solver object; ess : the bulk and tail
     ESS every variable must reach (default 400, :data:`~pgpgm.posterior.diagnostics.ESS_MIN`; the sampling goes on
     until it does, within the budget): an sd's Monte Carlo error is ~sd / sqrt(2 ESS) for a Gaussian posterior
-    and more with heavy tails (~10 % at ESS 400 on Lotka-Volterra x1 observed with x2(0) unknown, kurtosis 14);
+    and more with heavy tails (~10 % at ESS 400 with kurtosis 14);
     ask for more (with a budget to match) where the sds must be sharper; sd_error : once R-hat and ESS pass,
     the chains go on while some variable's sd has a Monte Carlo error above this fraction of the sd and 3/4 of
     the budget affords it (default 5 %, :data:`~pgpgm.posterior.diagnostics.SD_ERROR`: heavy-tailed posteriors
