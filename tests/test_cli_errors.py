@@ -206,7 +206,7 @@ def test_a_reader_that_closes_the_pipe_is_not_an_error():
     assert stderr == ""
 
 
-@pytest.mark.parametrize("given, expected", [("12.5", pgpgm.PosteriorBudget(12.5, None)), ("none", None),
+@pytest.mark.parametrize("given, expected", [("12.5", pgpgm.PosteriorBudget(12.5, None)), ("none", pgpgm.PosteriorBudget(None, None)),
                                              (None, pgpgm.PosteriorBudget())])
 def test_posterior_budget_option_reaches_the_fit(files, capture_call, given, expected):
     """``--posterior-budget SECONDS|none`` reaches :func:`pgpgm.fit` as ``posterior=pgpgm.NUTS(budget=...)``
