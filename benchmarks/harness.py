@@ -368,6 +368,8 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
     ("pgpgm.posterior.space", "seed_metric"): "posterior.py --compile: the Laplace approximation that whitens the model",
     ("pgpgm.posterior", "diagnose"): "posterior.py: step 4's convergence checks on an engine's trace",
     ("pgpgm.posterior", "problems"): "posterior.py: whether a trace passes step 4's checks",
+    ("pgpgm.steps.options", "STUDY_BUDGET"): "studies.py theoph: fit_study's default step-4 budget, kept while the "
+                                               "benchmark sets the draws in pgpgm.NUTS",
     ("pgpgm.batch", "fit_and_save"): "batch.py: what a fit_many worker runs per job, for the serial side",
     ("pgpgm.batch", "_cluster_client"): "batch.py: the LocalCluster fit_many makes, to warm its workers",
     ("pgpgm.batch", "result_path"): "batch.py: where fit_many saves a job's result",

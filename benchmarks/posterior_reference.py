@@ -90,10 +90,10 @@ def fit_captured(case: harness.Published, extra: dict[str, Any], budget,
 
     module.run_nuts = capture
     try:
-        kw = dict(extra) if budget == "default" else {**extra, "posterior_budget": budget}
-        if ess is not None:
-            kw["posterior"] = pgpgm.NUTS(ess=ess, **({} if budget == "default" else {"budget": budget}))
-            kw.pop("posterior_budget", None)
+        kw = dict(extra)
+        step4 = ({} if budget == "default" else {"budget": budget}) | ({} if ess is None else {"ess": ess})
+        if step4:
+            kw["posterior"] = pgpgm.NUTS(**step4)
         if seed is not None:
             kw["seed"] = seed
         t0 = time.perf_counter()
@@ -309,7 +309,7 @@ def _rows(key: str, fit_seed: str, result, numbers: dict[str, Any], ref: dict[st
 
 def run_case(key: str, args) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     case, extra = case_setup(key)
-    print(f"{key}: pgpgm.fit (posterior_budget={args.budget}) ...", flush=True)
+    print(f"{key}: pgpgm.fit (posterior=pgpgm.NUTS(budget={args.budget})) ...", flush=True)
     result, model, step4_s, fit_s = fit_captured(case, extra, args.budget, ess=args.ess[0])
     numbers = model_numbers(model)
     parameters = [p for p in case.spec.system.parameters if p not in extra.get("fixed", {})]
@@ -372,7 +372,7 @@ def main() -> int:
     ap = harness.parser(__doc__, "posterior_reference")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {CASES}")
     ap.add_argument("--budget", default="none",
-                    help="pgpgm's posterior_budget: 'none' (no limit, default), 'default' or seconds")
+                    help="pgpgm's step-4 budget, pgpgm.NUTS(budget=): 'none' (no limit, default), 'default' or seconds")
     ap.add_argument("--ess", default="",
                     help="pgpgm's step-4 ESS targets (pgpgm.NUTS(ess=)), comma-separated, each fitted at every fit "
                          "seed; 'default' or nothing: the fit's own (400)")
@@ -413,7 +413,7 @@ def main() -> int:
         for row in r:
             harness.append_partial(args.out, row)
         harness.append_partial(args.out, t)
-    notes = (f"pgpgm: default `pgpgm.fit` (step 4 NUTS, `posterior_budget={args.budget}`"
+    notes = (f"pgpgm: default `pgpgm.fit` (step 4 NUTS, `posterior=pgpgm.NUTS(budget={args.budget})`"
              + ("; where the ess column is a number N, `posterior=pgpgm.NUTS(ess=N)` with that budget"
                 if any(args.ess) else "") + "); reference: numpyro "
              f"{numpyro.__version__} NUTS (dense mass, target accept {args.target_accept}), {args.chains} chains x ({args.warmup} "

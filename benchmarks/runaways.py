@@ -93,7 +93,7 @@ def fit_case(name: str, **kw):
 def one(name: str, warm: bool = False) -> dict:
     """Fit case ``name`` in this process; its row. ``warm``: step 4 stopped after its first draws (a
     budget of 200 gradient evaluations), to fill the compile caches before the timed fits."""
-    kw = {"posterior_budget": pgpgm.PosteriorBudget(None, 200)} if warm else {}
+    kw = {"posterior": pgpgm.NUTS(budget=pgpgm.PosteriorBudget(None, 200))} if warm else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r, wall, cpu = harness.timed(lambda: fit_case(name, **kw))

@@ -52,8 +52,9 @@ def theoph(a, env) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = pgpgm.fit_study(spec.system, study, hierarchical={"ka": "lognormal", "CL": "lognormal"},
-                              priors=spec.priors(), posterior_draws=a.draws, posterior_tune=a.draws,
-                              centred=a.centred)
+                              priors=spec.priors(), centred=a.centred,
+                              posterior=pgpgm.NUTS(draws=a.draws, tune=a.draws,
+                                                   budget=harness.private("pgpgm.steps.options", "STUDY_BUDGET")))
     seconds = time.perf_counter() - t0
     d, post = res.diagnostics, res.posterior.posterior
     row = {"centred": a.centred, "seconds": round(seconds, 1), "rhat_max": float(d["rhat"].max()),
@@ -146,7 +147,7 @@ def noise(a, env) -> None:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            r = pgpgm.fit(pk, {"time": t, "C": y}, ["C"], x0={"A": float(doses[s])}, x0_observed={"C": 0.0},
+            r = pgpgm.fit(pk, {"time": t, "C": y}, ["C"], x0={"A": float(doses[s]), "C": 0.0},
                           noise={"C": "lognormal"}, priors={"ka": (0, 10), "ke": (0, 1), "CL": (0, 0.5)},
                           posterior=None, progressbar=False, seed=0)
         want = np.array([ref[s]["ka"], ref[s]["ke"], ref[s]["CL"]])
@@ -171,8 +172,8 @@ def noise(a, env) -> None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     try:
-                        r = pgpgm.fit(sir, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0},
-                                      x0_observed={"I": 1.0}, noise={"I": model}, priors=(0.0, 10.0),
+                        r = pgpgm.fit(sir, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},
+                                      noise={"I": model}, priors=(0.0, 10.0),
                                       posterior=None, progressbar=False, seed=0, **extra)
                     except pgpgm.PgpgmError as err:  # recorded, not hidden
                         rows.append({**row, "seconds": round(time.perf_counter() - t0, 2), "nll": float("nan"),

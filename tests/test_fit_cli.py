@@ -32,8 +32,8 @@ def test_fitzhugh_nagumo_local_minimum_is_escaped(fhn):
 def small_fit(lv):
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
-    return pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False, posterior_draws=100,
-                     posterior_tune=100, posterior_chains=2, cores=1)
+    return pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False,
+                     posterior=pgpgm.NUTS(draws=100, tune=100, chains=2, cores=1))
 
 
 def test_fit_result_contents(small_fit, lv):

@@ -282,8 +282,8 @@ def test_a_bad_known_initial_value_of_an_observed_state_is_a_data_error():
 def test_flu_negbin_fit_with_nuts_samples_alpha_around_the_refined_optimum():
     t, y = _flu()
     r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},
-             noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, seed=1, posterior_draws=300,
-             posterior_tune=300, posterior_chains=2, cores=1)
+             noise={"I": "negbin"}, priors=(0.0, 10.0), draws=300, tune=300, seed=1,
+             posterior=pgpgm.NUTS(draws=300, tune=300, chains=2, cores=1))
     post = r.posterior.posterior
     assert "alpha_I" in post and "I_0" not in post  # alpha free, I(0) held
     for k, p in enumerate(SIR.parameters):  # the posterior sits on the refined optimum's basin

@@ -165,7 +165,7 @@ def test_fit_refines_to_the_independent_multistart_optimum():
 
 
 def test_fit_with_estimated_noise_result_saves_and_plots(tmp_path):
-    result = _fit(_data(seed=5), posterior="laplace", posterior_draws=100, posterior_chains=1)
+    result = _fit(_data(seed=5), posterior=pgpgm.Laplace(100))
     sd = result.trajectories["noise_sd"].values
     assert np.all((sd > 0.3 * SD) & (sd < 3 * SD))
     assert "s" in result.posterior.posterior
@@ -216,8 +216,8 @@ def test_without_a_matched_observable_step3_starts_from_the_prior_box():
     d = pgpgm.simulate(SYSTEM, TRUTH, X0, TIMES, observables=observables, noise_sd=SD[1:], seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:], posterior="laplace",
-                           posterior_draws=100, posterior_chains=1, progressbar=False, seed=0)
+        result = pgpgm.fit(SYSTEM, d, observables=observables, priors=BOX, noise_sd=SD[1:],
+                           posterior=pgpgm.Laplace(100), progressbar=False, seed=0)
 
     def res(q):
         x = _solve(q[0], q[1], X0, TIMES)
@@ -375,8 +375,8 @@ def test_scaled_state_with_an_unknown_initial_value_starts_from_the_chains_and_r
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = pgpgm.fit(SYSTEM, d, observables=observables, x0={"A": (2.0, 20.0)}, priors=BOX, noise_sd=sd,
-                           draws=300, tune=300, chains=2, posterior="laplace", posterior_draws=100,
-                           posterior_chains=1, progressbar=False, seed=0)
+                           draws=300, tune=300, chains=2, posterior=pgpgm.Laplace(100),
+                           progressbar=False, seed=0)
     y = d["y"].values
 
     def res(q):  # q = (ka, ke, s, A(0), C(0))
@@ -495,7 +495,7 @@ def test_bad_data_and_options_with_observables_are_clear_errors(monkeypatch):
 @pytest.mark.slow
 def test_fit_with_nuts_covers_the_truth():
     # ~60 s: step 4 (NUTS on the ODE model with the observables' likelihood) compiles and samples
-    result = _fit(_data(seed=7), posterior_draws=300, posterior_tune=300, posterior_chains=2, posterior_budget=300)
+    result = _fit(_data(seed=7), posterior=pgpgm.NUTS(draws=300, tune=300, chains=2, budget=300))
     post = result.posterior.posterior
     for name, true in zip(("ka", "ke", "s"), TRUTH):
         lo, hi = np.quantile(post[name].values, [0.001, 0.999])

@@ -107,8 +107,9 @@ def test_fit_returns_a_converged_nuts_posterior_and_both_diagnostics(lv):
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = pgpgm.fit(lv.system, ds, ["x1"], draws=300, tune=300, seed=1, progressbar=False, posterior_draws=300,
-                      posterior_tune=300, posterior_chains=2, cores=1, stop="never")  # the whole step-2 budget
+        r = pgpgm.fit(lv.system, ds, ["x1"], draws=300, tune=300, seed=1, progressbar=False,
+                      posterior=pgpgm.NUTS(draws=300, tune=300, chains=2, cores=1),
+                      stop="never")  # the whole step-2 budget
     # step 4's mass matrix is seeded from step 3's covariance (PyMC's full adaptation, which PyMC
     # flags as experimental): pgpgm chose it, so the user is not shown PyMC's notice
     assert not [w for w in caught if "experimental feature" in str(w.message)]
@@ -155,8 +156,8 @@ def test_unconverged_posterior_warns_naming_the_parameters():
 def test_laplace_posterior_matches_the_refinement_covariance(lv):
     c = lv.case("x1-observed")
     ds = pgpgm.simulate(lv.system, c.theta, c.x0, c.times, observed=["x1"], noise_sd=0.1, seed=1)
-    r = pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False, posterior="laplace",
-                  posterior_draws=1000, posterior_chains=2)
+    r = pgpgm.fit(lv.system, ds, ["x1"], draws=200, tune=200, seed=1, progressbar=False,
+                  posterior=pgpgm.Laplace(2000))
     th = np.column_stack([r.posterior.posterior[p].values.ravel() for p in lv.system.parameters])
     assert th.shape == (2000, 4)
     cov = r.estimates["covariance"].values
@@ -512,14 +513,15 @@ def test_default_fit_converges_on_lotka_volterra_x1_observed(lv):
     engine, CVODE, 193 s), no longer on 2026-11-28: the default engine (nutpie) has 395 of 45612
     transitions diverge at the ridge's far end (theta1 4.9 against a median 2.5); PyMC's engine 21-53
     divergences in three runs, one of them also short of R-hat (1.018) and ESS (201) after its rounds.
-    It needs more than step 4's default budget (60 s): posterior_budget=None."""
+    It needs more than step 4's default budget (60 s): ``pgpgm.NUTS(budget=None)``."""
     from pgpgm.posterior.diagnostics import mixing_problems
 
     c = lv.case("x1-observed")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = pgpgm.fit(lv.system, lv.simulate("x1-observed", seed=0), c.observed, kernel=c.kernel, gamma=c.gamma,
-                      priors=lv.priors("x1-observed"), seed=0, progressbar=False, posterior_budget=None)
+                      priors=lv.priors("x1-observed"), seed=0, progressbar=False,
+                      posterior=pgpgm.NUTS(budget=None))
     d = r.diagnostics.sel(sampler="posterior")
     assert int(d["divergences"]) == int(r.posterior.sample_stats["diverging"].sum())
     assert not mixing_problems(d), mixing_problems(d)  # R-hat <= 1.01 and ESS >= 400

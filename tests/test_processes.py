@@ -39,14 +39,14 @@ SCRIPT = textwrap.dedent("""
         tree = pgpgm.sample(density, draws=30, tune=30, chains=2, cores=2, progressbar=False, stop="never")
         out["step2"] = tree.posterior["k"].values.tolist()
     with threadpool_limits(limits=int(sys.argv[1])):
-        fit = pgpgm.fit(system, data, ["x"], priors=(0.0, 5.0), draws=60, tune=60, chains=2, posterior="nuts",
-                        posterior_draws=40, posterior_tune=40, posterior_chains=2, posterior_rounds=1, cores=2,
-                        progressbar=False, seed=3, nuts_sampler="pymc")  # PyMC's chain processes
+        fit = pgpgm.fit(system, data, ["x"], priors=(0.0, 5.0), draws=60, tune=60, chains=2,
+                        posterior=pgpgm.NUTS(draws=40, tune=40, chains=2, rounds=1, cores=2, sampler="pymc"),
+                        progressbar=False, seed=3)  # PyMC's chain processes
     out["draws"] = {v: fit.posterior.posterior[v].values.tolist() for v in ("k", "c", "x_0", "sigma_x")}
     if "all" in sys.argv:  # the same fit with the chains in this process
-        fit = pgpgm.fit(system, data, ["x"], priors=(0.0, 5.0), draws=60, tune=60, chains=2, posterior="nuts",
-                        posterior_draws=40, posterior_tune=40, posterior_chains=2, posterior_rounds=1, cores=1,
-                        progressbar=False, seed=3, nuts_sampler="pymc")
+        fit = pgpgm.fit(system, data, ["x"], priors=(0.0, 5.0), draws=60, tune=60, chains=2,
+                        posterior=pgpgm.NUTS(draws=40, tune=40, chains=2, rounds=1, cores=1, sampler="pymc"),
+                        progressbar=False, seed=3)
         out["in_process"] = {v: fit.posterior.posterior[v].values.tolist() for v in ("k", "c", "x_0", "sigma_x")}
         from pgpgm.batch import FitJob, fit_many
         table = fit_many([FitJob("one", system, data, ["x"], {"priors": (0.0, 5.0)})], sys.argv[2], n_workers=1,

@@ -231,7 +231,7 @@ def test_fit_with_missing_values_saves_loads_and_plots(lv, tmp_path):
     ds = _async(lv)
     grid = np.linspace(0.0, 2.0, 41)
     r = pgpgm.fit(lv.system, ds, ["x1"], x0={"x2": 3.0}, noise_sd=0.1, priors=(0, 10), draws=60, tune=60,
-                  chains=1, posterior="laplace", posterior_draws=50, posterior_chains=1, progressbar=False, grid=grid)
+                  chains=1, posterior=pgpgm.Laplace(50), progressbar=False, grid=grid)
     obs = as_observations(ds, ["x1"], lv.system, grid=grid)
     y = r.trajectories["y"].sel(observed="x1").values
     np.testing.assert_array_equal(np.isfinite(y), obs.mask[:, 0])
@@ -260,8 +260,8 @@ def test_fit_with_a_fixed_parameter(lv):
     with pytest.raises(DataError, match=r"fixed names \['t6'\]"):
         pgpgm.fit(lv.system, ds, fixed={"t6": 0.3}, progressbar=False)
     r = pgpgm.fit(lv.system, ds, ["x1", "x2"], noise_sd=0.1, priors={"theta3": (0, 1), "theta1": (0, 10)},
-                  fixed={"theta3": 4.0}, draws=150, tune=150, posterior="laplace", posterior_draws=100,
-                  posterior_chains=1, progressbar=False)
+                  fixed={"theta3": 4.0}, draws=150, tune=150, posterior=pgpgm.Laplace(100),
+                  progressbar=False)
     assert r.fixed == {"theta3": 4.0}
     table = r.parameter_table()
     assert list(table.index) == list(lv.system.parameters)
@@ -322,7 +322,7 @@ def test_fit_warns_when_the_refined_estimate_is_on_a_bound(lv, tmp_path):
     ds = _async(lv, missing=0.0)
     with pytest.warns(pgpgm.BoundWarning, match=r"theta3 is at the upper bound 3 of its Uniform prior \(0, 3\)"):
         r = pgpgm.fit(lv.system, ds, ["x1", "x2"], noise_sd=0.1, priors={"theta3": (0, 3)}, draws=150, tune=150,
-                      posterior="laplace", posterior_draws=100, posterior_chains=1, progressbar=False)
+                      posterior=pgpgm.Laplace(100), progressbar=False)
     assert abs(r.theta[2] - 3.0) <= 1e-3 * 3  # the truth (4) is outside the box
     assert list(r.at_bounds) == ["theta3"] and "widen the prior" in r.at_bounds["theta3"]
     table = r.parameter_table()
@@ -402,7 +402,7 @@ def test_nuts_posterior_with_missing_values_and_an_unknown_initial_value(fhn):
     c = fhn.case("V-observed")
     ds = pgpgm.simulate(fhn.system, c.theta, c.x0, c.times, observed=["V"], snr=c.snr, seed=0, missing=0.3)
     r = pgpgm.fit(fhn.system, ds, ["V"], x0={"R": (-5, 5)}, kernel="matern52", priors=(0, 5), draws=500,
-                  tune=500, posterior_draws=200, posterior_tune=200, posterior_chains=2, cores=1,
+                  tune=500, posterior=pgpgm.NUTS(draws=200, tune=200, chains=2, cores=1),
                   progressbar=False, seed=0)
     post = r.posterior.posterior
     assert {"R_0", "V_0", "sigma_V"} <= set(post.data_vars)

@@ -47,15 +47,15 @@ def _fits() -> dict[str, np.ndarray]:
     runs = {
         # the default stop rule, step 4 with PyMC's NUTS (one round, no budget: deterministic)
         "fhn": lambda: pgpgm.fit(fhn.system, data, x0={"V": -1.0}, priors=(0.0, 10.0), draws=300, tune=200, seed=5,
-                                 posterior_draws=60, posterior_tune=60, posterior_chains=2, posterior_rounds=1,
-                                 posterior_budget=None, cores=1, progressbar=False, nuts_sampler="pymc"),
+                                 posterior=pgpgm.NUTS(draws=60, tune=60, chains=2, rounds=1, budget=None, cores=1,
+                                                      sampler="pymc"), progressbar=False),
         # a fixed parameter, lognormal noise (the log-scale path: since issue 31 noise="lognormal" alone is the
         # measurement model, and transform="log" puts the state itself on the log scale as before), the paper's
         # elementwise scheme, the whole budget
         "lv": lambda: pgpgm.fit(lv.system, lv_data, priors=(0.0, 5.0), fixed={"theta4": 1.0}, noise="lognormal",
                                 transform={"x1": "log"},
                                 draws=200, tune=100, seed=2, scheme="elementwise", stop="never",
-                                posterior="laplace", posterior_draws=50, posterior_chains=2, progressbar=False),
+                                posterior=pgpgm.Laplace(100), progressbar=False),
         # an unknown latent initial value, the sigmoid kernel, no step 4
         "lvx0": lambda: pgpgm.fit(lv.system, lv_data, x0={"x2": (0.0, 10.0)}, kernel="sigmoid",
                                   priors=(0.0, 5.0), draws=300, tune=200, seed=7, posterior=None,

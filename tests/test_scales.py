@@ -183,5 +183,5 @@ def test_the_fit_samples_a_ridge_fixed_in_theta_units_on_its_own_scale(lv):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a 3 s budget: not converged
         r = pgpgm.fit(lv.system, data, ["x1"], x0={"x2": (0.0, 10.0)}, fixed={"theta2": 1.0}, seed=0,
-                      progressbar=False, posterior_budget=3)
+                      progressbar=False, posterior=pgpgm.NUTS(budget=3))
     assert json.loads(r.posterior.attrs["pgpgm_own_scale"]) == ["theta1", "x2_0"]

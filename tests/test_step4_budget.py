@@ -284,13 +284,13 @@ def test_the_time_before_sampling_counts_but_leaves_sampling_a_share():
 
 
 def test_fit_returns_on_its_posterior_budget_with_the_warning():
-    """fit(posterior_budget=) reaches step 4: a budget of 600 gradient evaluations stops it (counted
+    """fit(posterior=NUTS(budget=)) reaches step 4: a budget of 600 gradient evaluations stops it (counted
     exactly: at most one tree past it), and the fit returns its draws and says so."""
     obs = _data(DECAY, 0.8)
     data = {"time": T, "x": obs.values[:, 0]}
     with pytest.warns(ConvergenceWarning, match="step 4 stopped at its budget"):
-        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 5.0)}, noise_sd=SD, progressbar=False, cores=1,
-                      draws=200, tune=200, posterior_budget=PosteriorBudget(None, 600), nuts_sampler="pymc")
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 5.0)}, noise_sd=SD, progressbar=False, draws=200,
+                      tune=200, posterior=pgpgm.NUTS(budget=PosteriorBudget(None, 600), sampler="pymc", cores=1))
     spent = json.loads(r.posterior.attrs["pgpgm_budget"])
     # PyMC's engine checks the budget after every draw: it passes by at most one trajectory (tree depth 10)
     assert spent["exhausted"] == "gradient evaluations" and 600 <= spent["used_gradient_evaluations"] <= 600 + 1023
@@ -325,8 +325,8 @@ def test_an_unconverged_fit_names_a_parameter_on_its_bound_as_a_likely_cause():
     data = {"time": T, "x": obs.values[:, 0]}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 0.5)}, noise_sd=SD, progressbar=False, cores=1,
-                      draws=200, tune=200, posterior_budget=PosteriorBudget(None, 600), nuts_sampler="pymc")
+        r = pgpgm.fit(DECAY, data, ["x"], priors={"k": (0.0, 0.5)}, noise_sd=SD, progressbar=False, draws=200,
+                      tune=200, posterior=pgpgm.NUTS(budget=PosteriorBudget(None, 600), sampler="pymc", cores=1))
     assert r.at_bounds and "k" in r.at_bounds
     assert r.convergence_problems()["posterior"]
     text = " ".join(str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning))

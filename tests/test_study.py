@@ -124,7 +124,7 @@ def test_varying_parameter_refines_per_experiment(pk, joint3):
     """CL varying, ka and ke shared: the joint optimum equals an independent scipy fit of that structure."""
     ys, _ = joint3
     res = pgpgm.fit_study(pk.system, _study(ys), varying=("CL",), priors=pk.priors(), posterior=None,
-                          fit_kwargs={"draws": 300, "tune": 200})
+                          draws=300, tune=200)
     doses = [float(k.split()[1]) for k in ys]
     y = np.concatenate(list(ys.values()))
 
@@ -195,7 +195,7 @@ def _hierarchical_covers(pk, n, seed, draws, centred=False, chains=2):
     study, mu = _population(pk, n, seed)
     res = pgpgm.fit_study(pk.system, study, hierarchical={"ka": "lognormal"}, priors=pk.priors(),
                           posterior=pgpgm.NUTS(draws=draws, tune=draws, chains=chains, budget=240), seed=seed,
-                          centred=centred, fit_kwargs={"draws": 300, "tune": 200})
+                          centred=centred, draws=300, tune=200)
     draws_mu = res.posterior.posterior["mu_ka"].values.ravel()
     lo, hi = np.quantile(draws_mu, [0.03, 0.97])
     assert lo <= mu <= hi, (lo, mu, hi)

@@ -67,7 +67,7 @@ def lognormal3(pk):
         y[0] = np.nan  # C(0) = 0: log y undefined, the pre-dose sample is missing
         ys[f"dose {d:g}"] = y
     return ys, pgpgm.fit_study(pk.system, _pk_study(ys), priors=pk.priors(), noise={"C": "lognormal"},
-                               posterior=None, fit_kwargs=FAST)
+                               posterior=None, **FAST)
 
 
 def _lognormal_reference(ys, per_experiment=False):
@@ -117,7 +117,7 @@ def per_experiment3(pk):
     ys = {f"dose {d:g}": conc(TIMES, d, *TRUTH) + sd * rng.standard_normal(TIMES.size)
           for d, sd in zip(DOSES, (0.05, 0.2, 0.6))}
     return ys, pgpgm.fit_study(pk.system, _pk_study(ys), priors=pk.priors(), noise_per_experiment=True,
-                               posterior=None, fit_kwargs=FAST)
+                               posterior=None, **FAST)
 
 
 def test_per_experiment_noise_sds_equal_independent_multistart(per_experiment3):
@@ -148,7 +148,7 @@ def test_per_experiment_lognormal_equals_independent_multistart(pk, lognormal3):
           for j, (k, y) in enumerate(ys.items())}  # log residuals scaled 1, 1.5, 2: the sds differ
     res = pgpgm.fit_study(pk.system, _pk_study(ys), priors=pk.priors(), noise="lognormal", noise_per_experiment=["C"],
                           posterior=pgpgm.NUTS(draws=100, tune=100, chains=2, rounds=1, budget=90, cores=1),
-                          fit_kwargs=FAST)
+                          **FAST)
     theta, sds, nll = _lognormal_reference(ys, per_experiment=True)
     np.testing.assert_allclose(res.theta("joint").to_numpy(), np.tile(theta, (3, 1)), rtol=2e-4)
     np.testing.assert_allclose(res.estimates["noise_sd"].sel(estimate="joint", observed="C").values, sds, rtol=2e-4)
@@ -191,7 +191,7 @@ def poisson3():
                                x0={k: {"S": 763.0 - float(k.split()[1]), "I": float(k.split()[1]), "R": 0.0}
                                    for k in ys})
     return ys, pgpgm.fit_study(sir.system, study, priors=sir.priors(), noise={"I": "poisson"}, posterior=None,
-                               fit_kwargs=FAST)
+                               **FAST)
 
 
 def _poisson_multistart(ys, i0s, n_starts=N_STARTS):
