@@ -252,15 +252,20 @@ class PetabProblem:
 
         Half their sum of squares differs from :meth:`nll` by a constant only where every noise
         model is normal and no sigma depends on an estimated parameter (:attr:`least_squares`)."""
+        v, ev = self._normal_evaluation(z, jacobian)
+        if not jacobian:
+            return ev.residual
+        return ev.residual, ev.d_residual * self._scale_derivative(v)[None, :]
+
+    def _normal_evaluation(self, z, derivatives: bool) -> tuple[np.ndarray, _Evaluation]:
+        """(the parameter table's values (V,), the evaluation) at ``z`` (V_e,), for the sums of squares: a
+        DataError where an observable has Laplace noise."""
         laplace = [o.id for o in self.observables if o.distribution != "normal"]
         if laplace:
             raise DataError(f"the observables {laplace} have Laplace noise, whose likelihood is no sum of squares; "
                             "fit with nll_and_gradient")
         v = self._vector(self.from_scale(z))
-        ev = self._evaluate(v, jacobian)
-        if not jacobian:
-            return ev.residual
-        return ev.residual, ev.d_residual * self._scale_derivative(v)[None, :]
+        return v, self._evaluate(v, derivatives)
 
     def noise_residuals(self, z, jacobian: bool = False):
         """Least squares of a likelihood with normal noise whose sigmas may be estimated: the weighted residuals
@@ -274,12 +279,7 @@ class PetabProblem:
         ------
         DataError
             for observables with Laplace noise."""
-        laplace = [o.id for o in self.observables if o.distribution != "normal"]
-        if laplace:
-            raise DataError(f"the observables {laplace} have Laplace noise, whose likelihood is no sum of squares; "
-                            "fit with nll_and_gradient")
-        v = self._vector(self.from_scale(z))
-        ev = self._evaluate(v, jacobian)
+        v, ev = self._normal_evaluation(z, jacobian)
         with np.errstate(all="ignore"):
             s2 = 2.0 * np.log(ev.sigma) + SIGMA_OFFSET
         if not np.all(s2 > 0):
