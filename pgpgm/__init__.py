@@ -50,6 +50,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "steps.options": ["Laplace", "NUTS"],
         "petab": ["PetabProblem", "load_petab"],
         "posterior": ["PosteriorBudget", "build_ode_model", "sample_posterior"],
+        "posterior.calibration": ["calibration_record", "calibration_table"],
         "priors": ["Priors"],
         "observables": ["Observables"],
         "refinement": ["LeastSquaresProblem", "ObservablesProblem", "Refinement", "refine"],
