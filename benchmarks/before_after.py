@@ -1,4 +1,4 @@
-"""Same numbers, no slower: steps 1-3 of the default fit on the published cases, this tree against
+"""Same numbers, no slower: steps 1-3 (``--posterior nuts``: 1-4) of the default fit on the published cases, this tree against
 an older commit, fit by fit: the negative log likelihood at step 3's optimum, step 2's iterations
 per chain and the CPU seconds, each tree in its own fresh process, the trees alternated case by
 case (side by side). The tool of a refactoring (issue 32: "same seeds, same numbers, no benchmark
@@ -29,11 +29,11 @@ CHILD = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
 import pgpgm
-name, case_name, seeds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name, case_name, seeds, step4 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "nuts"
 spec = pgpgm.load_model(name)
 case = spec.case(case_name)
-opts = {"kernel": case.kernel, "gamma": case.gamma, "priors": spec.priors(case_name), "posterior": None,
-        "progressbar": False}
+opts = {"kernel": case.kernel, "gamma": case.gamma, "priors": spec.priors(case_name),
+        "posterior": "nuts" if step4 else None, "progressbar": False}
 warm = spec.simulate(case_name, seed=0)
 pgpgm.fit(spec.system, warm, case.observed, draws=20, tune=20, stop="never", **opts)  # compile (not timed)
 for seed in range(seeds):
@@ -47,8 +47,9 @@ for seed in range(seeds):
 """
 
 
-def run(src: Path, name: str, case_name: str, seeds: int) -> list[dict]:
-    out = subprocess.run([sys.executable, "-c", CHILD, name, case_name, str(seeds)], capture_output=True, text=True,
+def run(src: Path, name: str, case_name: str, seeds: int, posterior: str = "none") -> list[dict]:
+    out = subprocess.run([sys.executable, "-c", CHILD, name, case_name, str(seeds), posterior], capture_output=True,
+                         text=True,
                          env={**os.environ, "PYTHONPATH": str(src)}, cwd="/", check=True, timeout=3600)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert all(Path(r["file"]).resolve().is_relative_to(src.resolve()) for r in rows), (rows[:1], src)
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--before", required=True, help="a git commit, or a folder holding the pgpgm package")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {sorted(CASES)}, or all")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--posterior", choices=("none", "nuts"), default="none",
+                    help="step 4 too (the default NUTS within its default budget): steps 1-4 side by side")
     a = ap.parse_args()
     env = harness.environment()
     before_src, here = harness.source_tree(a.before), harness.ROOT
@@ -70,7 +73,8 @@ def main() -> None:
         ap.error(f"unknown cases {unknown}; choose from {sorted(CASES)} or all")
     for key in keys:
         name, case_name = CASES[key]
-        before, after = run(before_src, name, case_name, a.seeds), run(here, name, case_name, a.seeds)
+        before, after = (run(before_src, name, case_name, a.seeds, a.posterior),
+                         run(here, name, case_name, a.seeds, a.posterior))
         for b, n in zip(before, after):
             rows.append({"case": key, "seed": b["seed"], "nll_before": round(b["nll"], 4),
                          "nll_after": round(n["nll"], 4), "after_minus_before": round(n["nll"] - b["nll"], 4),
@@ -87,7 +91,7 @@ def main() -> None:
                         "better_after": sum(r["after_minus_before"] < -1e-3 for r in rs),
                         "bit_identical": f"{sum(r['bit_identical'] for r in rs)}/{len(rs)}",
                         "iterations_changed": sum(r["iterations_before"] != r["iterations_after"] for r in rs)})
-    harness.write(a.out, summary, f"Steps 1-3, this tree against {a.before}", env=env, sections={"Fit by fit": rows},
+    harness.write(a.out, summary, f"Steps 1-{4 if a.posterior == 'nuts' else 3}, this tree against {a.before}", env=env, sections={"Fit by fit": rows},
                   notes="nll: the negative log likelihood at step 3's optimum (lower is better; same optimum: within "
                         "1e-3; bit_identical: the same NLL to the last bit and the same iterations, what a "
                         "refactoring must keep); iterations: step 2's, the longer chain; CPU seconds of the fit, "
