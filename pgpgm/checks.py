@@ -1,4 +1,4 @@
-"""Checks of plain inputs: arrays of real numbers, time grids, counts, noise levels, gamma.
+"""Checks of plain inputs: arrays of real numbers, time grids, counts, noise levels, gamma, per-state mappings.
 
 The leaf every layer validates its arguments with, before any compiled code runs: a bad input
 raises :class:`~pgpgm.errors.DataError` naming the input (and its row) and saying what to do.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -191,3 +191,18 @@ def check_count(value, name: str, *, minimum: int = 0) -> int:
     if value < minimum:
         raise DataError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def per_state(value, states: Sequence[str], name: str) -> list:
+    """``value`` for each of ``states``: one value for all, or a mapping state -> value (every
+    state given). Raises DataError naming unknown or missing states."""
+    if not isinstance(value, Mapping):
+        return [value] * len(states)
+    unknown = [k for k in value if k not in states]
+    if unknown:
+        raise DataError(f"{name} given for {unknown}, which are not observed states {list(states)}")
+    missing = [s for s in states if s not in value]
+    if missing:
+        raise DataError(f"{name} is a mapping but has no entry for the observed state(s) {missing}; give one per "
+                        "observed state")
+    return [value[s] for s in states]

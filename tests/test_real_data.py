@@ -317,7 +317,7 @@ def test_bound_report_counts_draws():
 
 
 def test_fit_warns_when_the_refined_estimate_is_on_a_bound(lv, tmp_path):
-    from pgpgm.cli import _write_outputs
+    from pgpgm.cli.command import _write_outputs
 
     ds = _async(lv, missing=0.0)
     with pytest.warns(pgpgm.BoundWarning, match=r"theta3 is at the upper bound 3 of its Uniform prior \(0, 3\)"):

@@ -34,7 +34,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 
-from ..checks import check_gamma, noise_levels
+from ..checks import check_gamma, noise_levels, per_state
 from ..data import Observations, as_observations, initial_value_priors, initial_values
 from ..errors import DataError
 from ..gp import GPFit, GradientMatching, fit_gp, gradient_matching
@@ -386,21 +386,6 @@ def fit_gps(obs: Observations, kernel="rbf", *, noise_sd=None, n_starts: int = 5
     return tuple(fit_gp(obs.state_times(m), obs.state_values(m), kernels[m], state=s, noise_sd=nsd[m],
                         n_starts=n_starts, seed=seed + m)
                  for m, s in enumerate(obs.states))
-
-
-def per_state(value, states: Sequence[str], name: str) -> list:
-    """``value`` for each of ``states``: one value for all, or a mapping state -> value (every
-    state given). Raises DataError naming unknown or missing states."""
-    if not isinstance(value, Mapping):
-        return [value] * len(states)
-    unknown = [k for k in value if k not in states]
-    if unknown:
-        raise DataError(f"{name} given for {unknown}, which are not observed states {list(states)}")
-    missing = [s for s in states if s not in value]
-    if missing:
-        raise DataError(f"{name} is a mapping but has no entry for the observed state(s) {missing}; give one per "
-                        "observed state")
-    return [value[s] for s in states]
 
 
 def gradient_matching_density(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..gp import GPFit
 from ..matching import MatchingRun, run_chains
 from ..matching.agreement import RefinedAgreement
-from ..matching.density import GradientMatchingDensity, fit_gps, gradient_matching_density, per_state
+from ..matching.density import GradientMatchingDensity, fit_gps, gradient_matching_density
 from ..solve import Integrator
 from .options import FitOptions
 from .prepare import Prepared
@@ -35,8 +35,6 @@ def match(prepared: Prepared, options: FitOptions, timings: dict, started: float
     gains ``"gp"`` (seconds since ``started``, the fit's start) and ``"sampling"``."""
     if prepared.matching is None:
         return None
-    for value, what in ((prepared.kernel, "kernel"), (prepared.gamma, "gamma")):  # their values: fit_options
-        per_state(value, prepared.matching.obs.states, what)  # a mapping names steps 1-2's states, before any GP fit
     gm, system, obs = prepared.matching, prepared.system, prepared.obs
     gps = fit_gps(gm.obs, prepared.kernel, noise_sd=gm.noise_sd, seed=options.seed)
     timings["gp"] = time.perf_counter() - started

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..checks import as_float_array, noise_levels
+from ..checks import as_float_array, noise_levels, per_state
 from ..data import Observations, as_observations, initial_value_priors, initial_values, known_observed_x0
 from ..errors import DataError, StartTimeWarning
 from ..logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
@@ -127,8 +127,8 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
         fixed = {k: float(v) for k, v in fixed.items()}
         priors, init = _without_fixed(priors, init, fixed, full.parameters, system.parameters)
     Priors.from_user(system.parameters, priors)
-    return Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta,
-                    measurement, x0_observed, grid=grid)
+    return _checked(Prepared(full, system, data, obs, x0, gm, scales, fixed, priors, init, kernel, gamma, true_theta,
+                                     measurement, x0_observed, grid=grid))
 
 
 # ----------------------------------------------------------------------------- observables
@@ -254,8 +254,18 @@ def prepare_observables(system: ODESystem, data, observed, options: FitOptions, 
             raise DataError(f"no state is measured directly or as a * state + c, so step 3 starts from points "
                             f"spread over the prior boxes; {unbounded} have no box: give them (lower, upper) priors")
     gm = Problem(gm_system, gm_data, gm_obs, gm_x0, gm_sd) if matched else None
-    return Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
-                    true_theta, measurement, known or None, fit_spec, spec, likelihood_priors, scaled, grid)
+    return _checked(Prepared(full, fit_system, data, obs, x0, gm, None, fixed, gm_priors, init, options.kernel, options.gamma,
+                                     true_theta, measurement, known or None, fit_spec, spec, likelihood_priors,
+                                     scaled, grid))
+
+
+def _checked(prepared: Prepared) -> Prepared:
+    """``prepared`` once a per-state ``kernel``/``gamma`` mapping names only steps 1-2's states (their values were
+    checked where the options were built; the states are known only here)."""
+    if prepared.matching is not None:
+        for value, what in ((prepared.kernel, "kernel"), (prepared.gamma, "gamma")):
+            per_state(value, prepared.matching.obs.states, what)
+    return prepared
 
 
 def _is_table(data) -> bool:
