@@ -180,6 +180,7 @@ def test_simulated_sir_poisson_counts_at_the_independent_optimum():
     assert np.all(np.abs(r.theta - [1.7, 0.45]) < 3 * se), (r.theta, se)
 
 
+@pytest.mark.slow  # accuracy, ~21 s
 def test_flu_counts_negative_binomial_at_the_independent_optimum():
     t, y = _flu()
     r = _fit(SIR, {"time": t, "I": y}, ["I"], x0={"S": 762.0, "R": 0.0, "I": 1.0},

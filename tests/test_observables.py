@@ -321,6 +321,7 @@ def _lv_reference(y, sd, n_starts=24):
                 for _ in range(n_starts)), key=lambda r: r.cost)
 
 
+@pytest.mark.slow  # accuracy, ~27 s
 def test_fit_of_a_state_measured_only_up_to_a_scale_runs_steps_1_2_and_reaches_the_optimum():
     # Lotka-Volterra, only y = s * x2 measured (x1 latent, both initial values known): step 2 samples s
     # with theta on the GP of y; its equations see t2 / s only (x2 = y / s), so the chains lie along that

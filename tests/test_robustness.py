@@ -113,6 +113,7 @@ def test_the_reference_nll_is_the_fits_likelihood(fit_id):
     assert problem.nll(q) == pytest.approx(row["nll"], rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.slow  # a held-out grid case, ~27 s
 def test_chains_that_would_stop_apart_first_refine_the_box_points_the_density_ranks_highest():
     """The held-out grid's d2031-goodwin-003 (Goodwin, X and Z observed, box 10 x truth): the default fit's two
     chains sat in different modes of the gradient-matching density, their means refined to optima 22.15 and

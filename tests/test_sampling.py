@@ -105,6 +105,7 @@ def _logistic_all_observed():
                                      priors=(0.1, 5.0))
 
 
+@pytest.mark.slow  # against PyMC's NUTS, ~23 s
 def test_block_scheme_matches_nuts_when_f_is_nonlinear_in_the_observed_state():
     """Against PyMC's NUTS on the density's own pm.Model (an independent exact sampler): the
     mean and variance of r and the states' means. A move without the Gaussians' ratio gives

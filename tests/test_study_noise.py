@@ -218,6 +218,7 @@ def _poisson_multistart(ys, i0s, n_starts=N_STARTS):
     return theta, float(nll)
 
 
+@pytest.mark.slow  # accuracy against a scipy multi-start, ~45 s
 def test_poisson_joint_fit_equals_independent_multistart(poisson3):
     ys, res = poisson3
     theta, nll = _poisson_multistart(list(ys.values()), SIR_I0)
