@@ -351,6 +351,7 @@ def test_missing_dask_names_the_extra(spec, datasets, tmp_path, monkeypatch):
 # -------------------------------------------------------------------- a cluster started by hand
 
 
+@pytest.mark.slow  # CI runs this set-up as docs/many-fits.md's example (tests/test_docs_examples.py)
 def test_scheduler_address_of_a_separately_started_scheduler_and_worker(spec, datasets, tmp_path):
     """``fit_many(scheduler=...)`` on a scheduler and a worker started as their own processes with
     dask's command line (``dask scheduler``, ``dask worker``), as on a real cluster: the results come

@@ -10,21 +10,22 @@ line numbers are the page's. A DeprecationWarning of pgpgm's is an error there: 
 call.
 
 A block is left out only where the page says so on the line before its fence,
-``<!-- not run in CI: <why> -->``. Those blocks (at most :data:`MOST_NOT_RUN`; their code is still checked for
-the flat keywords of earlier releases):
-
-- docs/many-fits.md, ``pgpgm.fit_many(jobs, "results/study", scheduler="tcp://host:8786")``: needs a dask
-  scheduler the reader runs (``tests/test_batch.py`` runs ``fit_many(scheduler=...)`` on one it starts).
+``<!-- not run in CI: <why> -->``, and is then listed here (at most :data:`MOST_NOT_RUN`; their code is still
+checked for the flat keywords of earlier releases). None is at present. A page whose shell block starts a dask
+scheduler with ``--scheduler-file sched.json`` runs after the test has started that scheduler and one worker in
+its folder, as the reader would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,9 +149,36 @@ def run_page(path: Path, timeout: float = TIMEOUT, *, workdir: Path | None = Non
 
 
 # ----------------------------------------------------------------------------- the pages' blocks run
+@contextlib.contextmanager
+def _readers_cluster(folder: Path):
+    """What a page's shell block has the reader run before its python blocks, on this one machine in ``folder``:
+    ``dask scheduler --scheduler-file sched.json`` and a ``dask worker`` on it (one process, one thread)."""
+    dask = str(Path(sys.executable).parent / "dask")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    quiet = dict(cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", "sched.json", "--port", "0", "--no-dashboard"],
+                              **quiet)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "sched.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", "sched.json", "--nworkers", "1",
+                                       "--nthreads", "1", "--no-dashboard"], **quiet))
+        yield
+    finally:  # the worker first: a worker whose scheduler is gone waits to reconnect
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @pytest.mark.parametrize("path", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_page_s_python_blocks_run(path, tmp_path):
-    run_page(path, workdir=_scratch(tmp_path / "reader"))
+    workdir = _scratch(tmp_path / "reader")
+    with _readers_cluster(workdir) if "--scheduler-file sched.json" in path.read_text() else contextlib.nullcontext():
+        run_page(path, workdir=workdir)
 
 
 # ----------------------------------------------------------------------------- the rules of the pages
