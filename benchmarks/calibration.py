@@ -41,11 +41,15 @@ def _box(spec, case: str) -> dict[str, tuple[float, float]]:
     return {p: (float(lo), float(hi)) for p, (lo, hi) in zip(spec.system.parameters, bounds)}
 
 
+def _drawn(model: str, case_name: str, rng):
+    """The model, its case, the case's prior box and parameters drawn uniformly from that box."""
+    spec = pgpgm.load_model(model)
+    box = _box(spec, case_name)
+    return spec, spec.case(case_name), box, {p: rng.uniform(*box[p]) for p in spec.system.parameters}
+
+
 def fhn(rng, seed):
-    spec = pgpgm.load_model("fitzhugh-nagumo")
-    case = spec.case("R-observed")
-    box = _box(spec, "R-observed")
-    theta = {p: rng.uniform(*box[p]) for p in spec.system.parameters}
+    spec, case, box, theta = _drawn("fitzhugh-nagumo", "R-observed", rng)
     x0 = dict(zip(spec.system.states, map(float, case.x0)))
     data = pgpgm.simulate(spec.system, list(theta.values()), case.x0, case.times, observed=["R"], noise_sd=0.1,
                           seed=seed)
@@ -54,10 +58,7 @@ def fhn(rng, seed):
 
 
 def lv(rng, seed):
-    spec = pgpgm.load_model("lotka-volterra")
-    case = spec.case("x1-observed")
-    box = _box(spec, "x1-observed")
-    theta = {p: rng.uniform(*box[p]) for p in spec.system.parameters}
+    spec, case, box, theta = _drawn("lotka-volterra", "x1-observed", rng)
     x2 = rng.uniform(0.0, 10.0)
     data = pgpgm.simulate(spec.system, list(theta.values()), [case.x0[0], x2], case.times, observed=["x1"],
                           noise_sd=0.1, seed=seed)
@@ -67,10 +68,7 @@ def lv(rng, seed):
 
 
 def sir(rng, seed):
-    spec = pgpgm.load_model("sir")
-    case = spec.case("I-observed")
-    box = _box(spec, "I-observed")
-    theta = {p: rng.uniform(*box[p]) for p in spec.system.parameters}
+    spec, case, box, theta = _drawn("sir", "I-observed", rng)
     x0 = dict(zip(spec.system.states, map(float, case.x0)))
     data = pgpgm.simulate(spec.system, list(theta.values()), case.x0, case.times, observed=["I"], noise="poisson",
                           seed=seed)

@@ -206,3 +206,10 @@ def per_state(value, states: Sequence[str], name: str) -> list:
         raise DataError(f"{name} is a mapping but has no entry for the observed state(s) {missing}; give one per "
                         "observed state")
     return [value[s] for s in states]
+
+
+def check_instance(value, kind, what: str) -> None:
+    """Raise :class:`DataError` ``"<what>, got <value's type>"`` unless ``value`` is a ``kind`` (``what`` names the
+    argument and how to make one)."""
+    if not isinstance(value, kind):
+        raise DataError(f"{what}, got {type(value).__name__}")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..checks import as_float_array, noise_levels, per_state
+from ..checks import as_float_array, check_instance, noise_levels, per_state
 from ..data import Observations, as_observations, initial_value_priors, initial_values, known_observed_x0
 from ..errors import DataError, StartTimeWarning
 from ..logscale import MeasurementNoise, Problem, Scales, measurement_noise, plan_scales
@@ -391,11 +391,8 @@ def prepare_study(system: ODESystem, study: Study, options: FitOptions, *, varyi
                   centred: bool, noise, noise_per_experiment) -> StudyDesign:
     """The problem :func:`pgpgm.fit_study` solves (:class:`StudyDesign`), every input checked before anything
     is compiled (see :func:`pgpgm.fit_study`)."""
-    if not isinstance(system, ODESystem):
-        raise DataError(f"system must be a pgpgm.ODESystem (e.g. pgpgm.load_model(name).system), got "
-                        f"{type(system).__name__}")
-    if not isinstance(study, Study):
-        raise DataError(f"study must be a pgpgm.Study (Study.from_tidy / Study.from_mapping), got {type(study).__name__}")
+    check_instance(system, ODESystem, "system must be a pgpgm.ODESystem (e.g. pgpgm.load_model(name).system)")
+    check_instance(study, Study, "study must be a pgpgm.Study (Study.from_tidy / Study.from_mapping)")
     if isinstance(options.posterior, Laplace):
         raise DataError("a study's step 4 is NUTS on the joint model: posterior must be 'nuts', pgpgm.NUTS(...) or None")
     varying = (varying,) if isinstance(varying, str) else tuple(varying)
@@ -513,11 +510,9 @@ def prepare_petab(problem, options: FitOptions, search) -> PetabDesign:
     path), checked before anything is solved: a box for the search, priors step 4 can write."""
     if isinstance(problem, str | Path):
         problem = load_petab(problem)
-    if not isinstance(problem, PetabProblem):
-        raise DataError(f"problem must be a pgpgm.PetabProblem (pgpgm.load_petab(path)) or the path of its YAML file, "
-                        f"got {type(problem).__name__}")
-    if not isinstance(search, MultiStart):
-        raise DataError(f"search must be a pgpgm.MultiStart(...), got {search!r}")
+    check_instance(problem, PetabProblem,
+                   "problem must be a pgpgm.PetabProblem (pgpgm.load_petab(path)) or the path of its YAML file")
+    check_instance(search, MultiStart, "search must be a pgpgm.MultiStart(...)")
     if isinstance(options.posterior, NUTS):
         check_petab_priors(problem)
     lower, upper = problem.bounds()
