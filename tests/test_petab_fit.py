@@ -4,6 +4,7 @@ scored against the petab library's own likelihood and the problem's published pa
 from __future__ import annotations
 
 import shutil
+import time
 import warnings
 
 import numpy as np
@@ -134,3 +135,30 @@ def test_a_search_whose_starts_fail_counts_them_and_goes_on():
     with pytest.raises(ODESolveError, match="every one of the 10 starts"):
         multistart(lambda z: (_ for _ in ()).throw(ODESolveError("never")), np.array([0.0]), np.array([1.0]),
                    MultiStart(min_starts=10, max_starts=10))
+
+
+@pytest.mark.parametrize("least_squares", [False, True])
+def test_a_start_still_running_when_the_budget_ends_stops_there(least_squares):
+    """A slow objective (50 ms per evaluation) whose local fit needs hundreds of evaluations: the search ends
+    within its 0.3 s budget plus one evaluation and a check, not at the end of that start, and returns the start's
+    best point so far (below the start's own value), with reason "seconds"."""
+    def rosenbrock(z):
+        time.sleep(0.05)
+        a, b = z
+        return (1 - a) ** 2 + 100 * (b - a * a) ** 2, np.array([-2 * (1 - a) - 400 * a * (b - a * a),
+                                                                  200 * (b - a * a)])
+
+    def residuals(z):
+        time.sleep(0.05)
+        a, b = z
+        return np.sqrt(2.0) * np.array([1 - a, 10 * (b - a * a)]), np.sqrt(2.0) * np.array([[-1.0, 0.0],
+                                                                                            [-20 * a, 10.0]])
+
+    search = MultiStart(seconds=0.3, min_starts=1, agree=1, max_evaluations=100000)
+    t0 = time.perf_counter()
+    found = multistart(rosenbrock, np.array([-2.0, -1.0]), np.array([2.0, 3.0]), search, seed=0,
+                       residuals=residuals if least_squares else None)
+    took = time.perf_counter() - t0
+    assert found.reason == "seconds" and len(found.nlls) == 1 and found.failed == 0, found
+    assert took < 0.3 + 0.25, took
+    assert np.isfinite(found.nll) and found.nll < rosenbrock(found.starts[0])[0], (found.nll, found.starts[0])

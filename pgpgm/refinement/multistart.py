@@ -35,7 +35,8 @@ class MultiStart:
     agree : how many starts must reach the best value (within ``tol``) before the search stops (default 3)
     tol : nats within which two optima are the same (default 0.1)
     min_starts, max_starts : fewest and most starts (defaults 10 and 200)
-    seconds : the search's time budget (default 600; None: no limit); a start begun within it ends
+    seconds : the search's time budget (default 600; None: no limit); a start still running when it runs out
+        stops at its next evaluation and its best point so far stands for it
     max_evaluations : a local fit's most evaluations (default 2000)
     """
 
@@ -119,25 +120,32 @@ def multistart(nll_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]
             (FAILED_NLL, np.zeros_like(z))
 
     sobol = qmc.Sobol(d=lower.size, scramble=True, seed=seed)
+    deadline = None if search.seconds is None else started + search.seconds
     starts, optima, nlls, failed, reason = [], [], [], 0, "max_starts"
     while len(starts) < search.max_starts:
-        if search.seconds is not None and time.perf_counter() - started > search.seconds:
+        if deadline is not None and time.perf_counter() > deadline:
             reason = "seconds"
             break
         z0 = lower + (upper - lower) * sobol.random(1)[0]
         starts.append(z0)
+        cut = False
         try:
-            z = _local_fit(safe, residuals, z0, lower, upper, search.max_evaluations, count)
-            f = safe(z)[0]
+            z = _local_fit(safe, residuals, z0, lower, upper, search.max_evaluations, count, deadline)
+        except _Spent as spent:  # the budget ran out inside this start: its best point so far stands for it
+            cut, z = True, spent.best if spent.best is not None else np.full_like(z0, np.nan)
         except FAILURES:
-            z, f = np.full_like(z0, np.nan), np.inf
+            z = np.full_like(z0, np.nan)
+        f = safe(z)[0] if np.all(np.isfinite(z)) else FAILED_NLL
         if not f < FAILED_NLL:
-            failed, z, f = failed + 1, np.full_like(z0, np.nan), np.inf
+            failed, z, f = failed + (not cut), np.full_like(z0, np.nan), np.inf
         optima.append(z)
         nlls.append(f)
         best = min(nlls)
         if progress is not None:
             progress(len(starts), best)
+        if cut:
+            reason = "seconds"
+            break
         if len(starts) >= search.min_starts and np.isfinite(best) and \
                 sum(v <= best + search.tol for v in nlls) >= search.agree:
             reason = "agreed"
@@ -150,12 +158,40 @@ def multistart(nll_and_gradient: Callable[[np.ndarray], tuple[float, np.ndarray]
                         reason, int(np.sum(nlls_a <= nlls_a[k] + search.tol)), time.perf_counter() - started, count[0])
 
 
+class _Spent(Exception):
+    """The search's time budget ran out inside a start; ``best``: the start's best point evaluated so far (or
+    None)."""
+
+    def __init__(self, best: np.ndarray | None):
+        super().__init__("the multi-start search's time budget ran out")
+        self.best = best
+
+
 def _local_fit(safe, residuals, z0: np.ndarray, lower: np.ndarray, upper: np.ndarray, max_evaluations: int,
-               count: list) -> np.ndarray:
+               count: list, deadline: float | None = None) -> np.ndarray:
     """One start's optimum: trust-region reflective least squares on ``residuals`` where given, else L-BFGS-B
-    on ``safe`` (the nll with its gradient, failures as :data:`FAILED_NLL`)."""
+    on ``safe`` (the nll with its gradient, failures as :data:`FAILED_NLL`). Raises :class:`_Spent` at the
+    first evaluation after ``deadline`` (a ``time.perf_counter()`` value; None: none), so that one long start
+    cannot overrun the search's budget."""
+    seen = {"z": None, "value": np.inf}  # the start's best point so far: what a cut start returns
+
+    def watch(z, value: float) -> None:
+        if value < seen["value"]:
+            seen.update(z=np.array(z, float), value=value)
+
+    def on_time() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _Spent(seen["z"])
+
     if residuals is None:
-        return optimize.minimize(safe, z0, jac=True, method="L-BFGS-B", bounds=list(zip(lower, upper)),
+        def nll(z):
+            on_time()
+            value, gradient = safe(z)
+            if value < FAILED_NLL:
+                watch(z, value)
+            return value, gradient
+
+        return optimize.minimize(nll, z0, jac=True, method="L-BFGS-B", bounds=list(zip(lower, upper)),
                                  options={"maxfun": max_evaluations, "maxiter": max_evaluations, "ftol": 1e-12,
                                           "gtol": 1e-8}).x
     last = {}
@@ -163,6 +199,7 @@ def _local_fit(safe, residuals, z0: np.ndarray, lower: np.ndarray, upper: np.nda
     def r_and_j(z):
         key = z.tobytes()
         if key not in last:
+            on_time()
             count[0] += 1
             last.clear()
             try:
@@ -170,6 +207,8 @@ def _local_fit(safe, residuals, z0: np.ndarray, lower: np.ndarray, upper: np.nda
                 ok = np.all(np.isfinite(r)) and np.all(np.isfinite(jac))
             except FAILURES:
                 ok = False
+            if ok:
+                watch(z, float(np.dot(r, r)))
             last[key] = (r, jac) if ok else (np.full(1, 1e50), np.zeros((1, z.size)))
         return last[key]
 
