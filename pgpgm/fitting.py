@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .errors import CompetingOptimaWarning, ConvergenceWarning
@@ -227,6 +228,8 @@ def fit(
     matched = match(prepared, options, timings, started)  # steps 1-2 (None: no state measured directly)
     refined = refine_step(prepared, matched, options, timings)  # step 3
     post = posterior_step(prepared, matched, refined, options, timings)  # step 4
+    if post.stand_in:  # step 4 could not start (warned): reported as the fit with posterior=None
+        options = replace(options, posterior=None)
     return report(prepared, matched, refined, post, options, timings, started)
 
 

@@ -73,3 +73,23 @@ def test_a_fit_whose_stop_rule_meets_failing_solves_returns(lv, monkeypatch):
         r = pgpgm.fit(spec.system, data, ["x1"], **kw)
     assert count[0] > 5  # the rule went on after its refinements failed
     assert r.nll == pytest.approx(clean.nll, abs=1e-3)
+
+
+def test_a_step_4_that_cannot_start_returns_steps_1_3_with_a_warning():
+    """FitzHugh-Nagumo, R measured, parameters drawn from the prior box (a simulation-based calibration's data
+    set 53): the refined optimum has c on its bound 0, where the model's right-hand side divides by c and no solve
+    succeeds, so nutpie's chains cannot start. The fit returns the steps 1-3 result (as posterior=None) and says
+    why, instead of raising nutpie's RuntimeError (which it did before)."""
+    spec = pgpgm.load_model("fitzhugh-nagumo")
+    case = spec.case("R-observed")
+    bounds = pgpgm.Priors.from_user(spec.system.parameters, spec.priors("R-observed")).bounds
+    box = {p: (float(lo), float(hi)) for p, (lo, hi) in zip(spec.system.parameters, bounds)}
+    rng = np.random.default_rng(10_053)
+    theta = [rng.uniform(*box[p]) for p in spec.system.parameters]
+    data = pgpgm.simulate(spec.system, theta, case.x0, case.times, observed=["R"], noise_sd=0.1, seed=53)
+    x0 = dict(zip(spec.system.states, map(float, case.x0)))
+    with pytest.warns(pgpgm.ConvergenceWarning, match=r"step 4 \(NUTS\) could not start"):
+        r = pgpgm.fit(spec.system, data, ["R"], x0=x0, noise_sd=0.1, priors=box, seed=53, progressbar=False,
+                      posterior=pgpgm.NUTS(budget=60))
+    assert list(r.diagnostics["sampler"].values) == ["gradient_matching"]  # no step 4, as with posterior=None
+    assert r.estimates["at_bound"].sel(parameter="c").item() == "lower" and np.all(np.isfinite(r.theta))

@@ -7,11 +7,12 @@ import json
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ..errors import ConvergenceWarning
 from ..ode.system import ODESystem
 from ..posterior.laplace import gaussian_draws, laplace_posterior
 from ..posterior.petab_model import build_petab_model
@@ -49,6 +50,7 @@ class Posterior:
     free: tuple[str, ...]
     solves: int
     model: Any = None
+    stand_in: bool = False  # step 4 could not start: this is what posterior=None gives (a warning said why)
 
 
 def posterior_step(prepared: Prepared, matched: Matched | None, refined: Refined, options: FitOptions,
@@ -57,7 +59,17 @@ def posterior_step(prepared: Prepared, matched: Matched | None, refined: Refined
     mode's mean refined: which optimum it belongs to), the Laplace approximation, or step 2's chains
     (``options.posterior`` None)."""
     started = time.perf_counter()
-    post = _posterior(prepared, matched, refined, options)
+    try:
+        post = _posterior(prepared, matched, refined, options)
+    except RuntimeError as failed:  # e.g. nutpie: "All initialization points failed" (the log density fails there)
+        if not isinstance(options.posterior, NUTS):
+            raise
+        warnings.warn(f"step 4 (NUTS) could not start from the refined optimum ({type(failed).__name__}: "
+                      f"{str(failed).splitlines()[0]}): the result holds steps 1-3 only, as with posterior=None. "
+                      "The refined point may sit where the model cannot be solved (a parameter on a bound: see "
+                      "result.estimates['at_bound']); narrow the priors away from it, or try "
+                      "posterior=pgpgm.NUTS(sampler='pymc')", ConvergenceWarning, stacklevel=3)
+        post = replace(_posterior(prepared, matched, refined, replace(options, posterior=None)), stand_in=True)
     timings["posterior"] = time.perf_counter() - started
     return post
 
