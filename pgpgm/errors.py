@@ -23,6 +23,13 @@ class SamplingError(PgpgmError, RuntimeError):
     A start the user gave that has no finite density is a :class:`DataError`."""
 
 
+class StartError(SamplingError):
+    """Step 4's NUTS cannot start: the log density or its gradient is not finite at every initial
+    point it tried (nutpie's "All initialization points failed", PyMC's "Initial evaluation of model at
+    starting point failed"), e.g. a refined parameter on a bound where the model cannot be solved.
+    ``pgpgm.fit`` catches it and returns steps 1-3 with a warning."""
+
+
 class BackendWarning(UserWarning):
     """pgpgm uses a slower ODE backend than the compiled CVODE one (``pgpgm info`` says why)."""
 

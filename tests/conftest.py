@@ -1,3 +1,10 @@
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -70,3 +77,31 @@ SLOW_FILES_FIRST = ("test_posterior.py", "test_notebooks.py", "test_study_noise.
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+@contextlib.contextmanager
+def dask_cluster(folder: Path, file: str = "sched.json"):
+    """A scheduler and one worker started with dask's command line in ``folder``, as a reader starts them on a
+    real cluster: ``dask scheduler --scheduler-file FILE`` and ``dask worker --scheduler-file FILE`` (one
+    process, one thread, BLAS on one thread). Yields the scheduler's address; both processes end on exit."""
+    dask = str(Path(sys.executable).parent / "dask")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    quiet = dict(cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", file, "--port", "0", "--no-dashboard"],
+                              **quiet)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (Path(folder) / file).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", file, "--nworkers", "1",
+                                       "--nthreads", "1", "--no-dashboard"], **quiet))
+        import json
+
+        yield json.loads((Path(folder) / file).read_text())["address"]
+    finally:  # the worker first: a worker whose scheduler is gone waits to reconnect
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

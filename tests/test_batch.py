@@ -12,8 +12,15 @@ import pandas as pd
 import pytest
 
 import pgpgm
-from pgpgm.batch import FitJob, error_path, jobs_from_folder, jobs_from_tidy_csv, result_path
+from pgpgm.batch import (
+    FitJob,
+    error_path,
+    jobs_from_folder,
+    jobs_from_tidy_csv,
+    result_path,
+)
 from pgpgm.errors import DataError, PgpgmError
+from tests.conftest import dask_cluster
 
 distributed = pytest.importorskip("distributed")
 
@@ -310,7 +317,6 @@ def test_a_job_may_set_every_option_of_fit_but_the_data_and_what_fit_many_sets()
     """Every keyword of pgpgm.fit is a job option (posterior_budget, noise, observables, ... too; the set is read
     from fit's signature) but the data's and cores / progressbar, which fit_many sets on every worker."""
     from pgpgm.batch import _FIT_OPTIONS
-
     from pgpgm.steps.options import LEGACY_POSTERIOR
 
     keywords = set(inspect.signature(pgpgm.fit).parameters) | set(LEGACY_POSTERIOR)  # the flat ones: deprecated
@@ -356,25 +362,9 @@ def test_scheduler_address_of_a_separately_started_scheduler_and_worker(spec, da
     """``fit_many(scheduler=...)`` on a scheduler and a worker started as their own processes with
     dask's command line (``dask scheduler``, ``dask worker``), as on a real cluster: the results come
     back to this process (no shared file system assumed) and equal a fit in this process."""
-    import os
-    import subprocess
-    import time
-
     from pgpgm.batch import fit_and_save
 
-    dask = os.path.join(os.path.dirname(sys.executable), "dask")
-    file = tmp_path / "scheduler.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(file), "--port", "0",
-                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)]
-    try:
-        deadline = time.monotonic() + 120
-        while not file.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        address = json.loads(file.read_text())["address"]
-        procs.append(subprocess.Popen([dask, "worker", address, "--nworkers", "1", "--nthreads", "1",
-                                       "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      env=env))
+    with dask_cluster(tmp_path, "scheduler.json") as address:
         with distributed.Client(address, timeout=120) as c:
             c.wait_for_workers(1, timeout=120)
         jobs = [FitJob(n, spec, datasets[n], ["x1"], case=CASE) for n in ("seed1", "seed2")]
@@ -383,10 +373,3 @@ def test_scheduler_address_of_a_separately_started_scheduler_and_worker(spec, da
         assert fit_and_save(jobs[0], tmp_path / "serial", FAST)["status"] == "ok"
         _same_fit(pgpgm.load_result(result_path(tmp_path / "out", "seed1")),
                   pgpgm.load_result(result_path(tmp_path / "serial", "seed1")))
-    finally:  # the worker first, then its scheduler: a worker whose scheduler is gone waits ~8 s to reconnect
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()

@@ -25,11 +25,12 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import dask_cluster
 
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -149,35 +150,11 @@ def run_page(path: Path, timeout: float = TIMEOUT, *, workdir: Path | None = Non
 
 
 # ----------------------------------------------------------------------------- the pages' blocks run
-@contextlib.contextmanager
-def _readers_cluster(folder: Path):
-    """What a page's shell block has the reader run before its python blocks, on this one machine in ``folder``:
-    ``dask scheduler --scheduler-file sched.json`` and a ``dask worker`` on it (one process, one thread)."""
-    dask = str(Path(sys.executable).parent / "dask")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    quiet = dict(cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", "sched.json", "--port", "0", "--no-dashboard"],
-                              **quiet)]
-    try:
-        deadline = time.monotonic() + 120
-        while not (folder / "sched.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", "sched.json", "--nworkers", "1",
-                                       "--nthreads", "1", "--no-dashboard"], **quiet))
-        yield
-    finally:  # the worker first: a worker whose scheduler is gone waits to reconnect
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 @pytest.mark.parametrize("path", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_page_s_python_blocks_run(path, tmp_path):
     workdir = _scratch(tmp_path / "reader")
-    with _readers_cluster(workdir) if "--scheduler-file sched.json" in path.read_text() else contextlib.nullcontext():
+    # a page whose shell block starts a scheduler and a worker: the test starts them as the reader would
+    with dask_cluster(workdir) if "--scheduler-file sched.json" in path.read_text() else contextlib.nullcontext():
         run_page(path, workdir=workdir)
 
 

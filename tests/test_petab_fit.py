@@ -162,3 +162,18 @@ def test_a_start_still_running_when_the_budget_ends_stops_there(least_squares):
     assert found.reason == "seconds" and len(found.nlls) == 1 and found.failed == 0, found
     assert took < 0.3 + 0.25, took
     assert np.isfinite(found.nll) and found.nll < rosenbrock(found.starts[0])[0], (found.nll, found.starts[0])
+
+
+def test_a_petab_fit_whose_step_4_cannot_start_returns_the_optimum_with_a_warning(blasi, monkeypatch):
+    """NUTS that finds no finite start (forced: its engine raises pgpgm's StartError) ends no fit_petab: the
+    optimum stands, no posterior, a warning that says why."""
+    from pgpgm.steps import posterior as step4
+
+    def no_start(*args, **kwargs):
+        raise pgpgm.StartError("NUTS (PyMC) could not start: Initial evaluation of model at starting point failed")
+
+    monkeypatch.setattr(step4, "run_nuts", no_start)
+    with pytest.warns(pgpgm.ConvergenceWarning, match=r"step 4 \(NUTS\) could not start"):
+        r = pgpgm.fit_petab(blasi, search=pgpgm.MultiStart(agree=1, min_starts=2, max_starts=2),
+                            posterior=pgpgm.NUTS(draws=20, tune=20, chains=2), progressbar=False, seed=0)
+    assert r.posterior is None and np.isfinite(r.nll) and "posterior_mean" not in r.estimates

@@ -93,3 +93,21 @@ def test_a_step_4_that_cannot_start_returns_steps_1_3_with_a_warning():
                       posterior=pgpgm.NUTS(budget=60))
     assert list(r.diagnostics["sampler"].values) == ["gradient_matching"]  # no step 4, as with posterior=None
     assert r.estimates["at_bound"].sel(parameter="c").item() == "lower" and np.all(np.isfinite(r.theta))
+
+
+@pytest.mark.parametrize("sampler", ["pymc", "nutpie"])
+def test_either_sampler_that_cannot_start_raises_a_start_error(sampler):
+    """A log density that is -inf at every start: both engines raise pgpgm's StartError (which ``fit`` turns into
+    the warning above), not PyMC's SamplingError or nutpie's RuntimeError."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    from pgpgm.posterior.rounds import run_nuts
+
+    with pm.Model() as model:
+        x = pm.Normal("x", 0.0, 1.0)
+        pm.Potential("wall", pt.switch(pt.gt(x, 50.0), 0.0, -np.inf))
+    starts = [{"x": 0.0}] * 2 if sampler == "pymc" else None
+    with pytest.raises(pgpgm.StartError, match=r"NUTS \((PyMC|nutpie)\) could not start"):
+        run_nuts(model, {"x": 0.0}, {"x": 1.0}, draws=20, tune=20, chains=2, cores=1, nuts_sampler=sampler,
+                 starts=starts, progressbar=False, warn=False)

@@ -612,3 +612,21 @@ def test_a_budget_spent_before_the_first_wave_still_returns_its_first_draws():
     assert spent["exhausted"] == "seconds" and 1 <= tree.posterior.sizes["chain"] <= 2
     assert spent["dropped_chains"] == 4 - tree.posterior.sizes["chain"]
     assert np.all(np.isfinite(tree.posterior["k"].values))
+
+
+@pytest.mark.parametrize("draws", [0, 2])
+def test_a_posterior_with_too_few_draws_says_so_instead_of_nan_r_hats(draws):
+    """A budget spent before any draw (a PEtab model whose gradient takes 0.4 s) leaves no draws: the finding is
+    "no draws" (or how few), not an R-hat of nan per parameter."""
+    from pgpgm.posterior.diagnostics import mixing_problems
+
+    rng = np.random.default_rng(0)
+    tree = xr.DataTree.from_dict({"posterior": xr.Dataset({n: (("chain", "draw"), rng.normal(size=(4, draws)))
+                                                           for n in ("a", "b")})})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ's warnings about so few draws
+        found = mixing_problems(diagnose(tree, ["a", "b"]))
+    assert found == (["no draws"] if draws == 0 else ["only 2 draws per chain, too few to judge R-hat and ESS"])
+    many = xr.DataTree.from_dict({"posterior": xr.Dataset({n: (("chain", "draw"), rng.normal(size=(4, 600)))
+                                                           for n in ("a", "b")})})
+    assert mixing_problems(diagnose(many, ["a", "b"])) == []  # independent normal draws: R-hat ~ 1, ESS ~ 2400

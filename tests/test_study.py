@@ -326,3 +326,20 @@ def test_an_unconverged_study_posterior_names_what_the_data_leave_open():
     assert not np.isfinite(se.sel(parameter=["a", "b"]).values).any()
     text = " ".join(str(w.message) for w in caught if issubclass(w.category, pgpgm.ConvergenceWarning))
     assert "NUTS (study)" in text and "the data do not determine a, b" in text and "fixed=" in text
+
+
+def test_a_study_whose_step_4_cannot_start_returns_the_joint_fit_with_a_warning(pk, joint3, monkeypatch):
+    """NUTS that finds no finite start (forced here: its engine raises pgpgm's StartError, as nutpie's "All
+    initialization points failed" becomes) ends no study fit: the joint refinement stands, no posterior, a warning."""
+    from pgpgm.steps import posterior as step4
+
+    def no_start(*args, **kwargs):
+        raise pgpgm.StartError("NUTS (nutpie) could not start: All initialization points failed (forced)")
+
+    monkeypatch.setattr(step4, "run_nuts", no_start)
+    ys, plain = joint3
+    with pytest.warns(pgpgm.ConvergenceWarning, match=r"step 4 \(NUTS\) could not start"):
+        r = pgpgm.fit_study(pk.system, _study(ys), priors=pk.priors(), progressbar=False,
+                            posterior=pgpgm.NUTS(draws=20, tune=20, chains=2))
+    assert r.posterior is None
+    np.testing.assert_allclose(r.theta("joint").values, plain.theta("joint").values, rtol=1e-6)

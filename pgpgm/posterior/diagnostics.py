@@ -22,6 +22,8 @@ RHAT_MAX, ESS_MIN = 1.01, 400
 #: with lognormal noise or an unknown initial value can be) by 7-14 %, too much for an sd that should be right
 #: within 10 %; 5 % asks those posteriors for ~2-8x the draws and a Gaussian one for none
 SD_ERROR = 0.05
+#: the fewest draws per chain whose R-hat and ESS :func:`mixing_problems` judges (split R-hat halves each chain)
+MIN_DRAWS = 4
 
 
 def check_sd_error(sd_error, name: str = "sd_error") -> float | None:
@@ -99,6 +101,9 @@ def problems(diag: xr.Dataset) -> list[str]:
 def mixing_problems(diag: xr.Dataset) -> list[str]:
     """The findings of :func:`problems` that more draws can resolve: R-hat > 1.01, ESS below
     ``diag.attrs["ess_min"]`` (400 by default; not divergences)."""
+    draws = int(diag.attrs.get("draws", MIN_DRAWS))
+    if draws < MIN_DRAWS:  # R-hat and ESS of so few draws are nan or noise: say what happened instead
+        return [f"only {draws} draws per chain, too few to judge R-hat and ESS" if draws else "no draws"]
     out = []
     ess_min = float(diag.attrs.get("ess_min", ESS_MIN))
     rhat = diag["rhat"].to_series()

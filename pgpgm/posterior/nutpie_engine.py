@@ -51,6 +51,7 @@ the whole budget); ``sample_stats`` holds nutpie's ``n_steps`` and ``diverging``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -63,6 +64,7 @@ from functools import lru_cache
 import numpy as np
 import xarray as xr
 
+from ..errors import StartError
 from ..processes import exact_math
 from ..solve.numba_op import cache_key
 from ..solve.op import ODEOp
@@ -101,6 +103,18 @@ BETWEEN = 1
 START_JITTER = 0.1
 
 
+@contextlib.contextmanager
+def _starting():
+    """nutpie's failure to find a finite initial point, as a :class:`~pgpgm.errors.StartError`."""
+    try:
+        yield
+    except RuntimeError as failed:
+        if "initialization points failed" not in str(failed).lower():
+            raise
+        raise StartError(f"NUTS (nutpie) could not start: {str(failed).splitlines()[0]}") from failed
+
+
+@_starting()  # nutpie reports a failed start from any call on its background run
 def sample_nutpie(model, start: Mapping[str, np.ndarray], *, draws: int, tune: int, chains: int, seed: int | None,
                   target_accept: float, max_treedepth: int, max_draws: int, spent: Callable[[int], bool],
                   converged: Callable[[xr.DataTree], bool],

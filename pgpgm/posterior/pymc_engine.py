@@ -10,6 +10,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
+from ..errors import StartError
 from ..processes import exact_math, sample_in_processes
 from .budget import KEEP_CHAINS, BudgetMeter
 
@@ -41,12 +42,21 @@ def budgeted_sample(meter: BudgetMeter, **kwargs):
     stops = meter.stops
     # in this process (cores=1) the chains run the code compiled here: without fast math, the same code
     # as a later process loads from the cache; chain processes always load it (exact_math)
-    with exact_math() if cores == 1 else contextlib.nullcontext():
+    with exact_math() if cores == 1 else contextlib.nullcontext(), _starting():
         tree = sample_in_processes(pm.sample, callback=meter, discard_tuned_samples=False, **kwargs)
     meter.exhausted = meter.exhausted or meter.cut  # a chain cut at its share: the budget stopped this round
     tree = kept_draws(tree, stopped=meter.stops > stops)
     meter.dropped += chains - int(tree.posterior.sizes["chain"])
     return tree
+
+
+@contextlib.contextmanager
+def _starting():
+    """PyMC's failure to evaluate the model at a chain's start, as a :class:`~pgpgm.errors.StartError`."""
+    try:
+        yield
+    except pm.exceptions.SamplingError as failed:
+        raise StartError(f"NUTS (PyMC) could not start: {str(failed).splitlines()[0]}") from failed
 
 
 def kept_draws(tree, stopped: bool = True):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConvergenceWarning
+from ..errors import ConvergenceWarning, StartError
 from ..ode.system import ODESystem
 from ..posterior.laplace import gaussian_draws, laplace_posterior
 from ..posterior.petab_model import build_petab_model
@@ -61,17 +61,20 @@ def posterior_step(prepared: Prepared, matched: Matched | None, refined: Refined
     started = time.perf_counter()
     try:
         post = _posterior(prepared, matched, refined, options)
-    except RuntimeError as failed:  # e.g. nutpie: "All initialization points failed" (the log density fails there)
-        if not isinstance(options.posterior, NUTS):
-            raise
-        warnings.warn(f"step 4 (NUTS) could not start from the refined optimum ({type(failed).__name__}: "
-                      f"{str(failed).splitlines()[0]}): the result holds steps 1-3 only, as with posterior=None. "
-                      "The refined point may sit where the model cannot be solved (a parameter on a bound: see "
-                      "result.estimates['at_bound']); narrow the priors away from it, or try "
-                      "posterior=pgpgm.NUTS(sampler='pymc')", ConvergenceWarning, stacklevel=3)
+    except StartError as failed:
+        _warn_no_start(failed, "result.estimates['at_bound']")
         post = replace(_posterior(prepared, matched, refined, replace(options, posterior=None)), stand_in=True)
     timings["posterior"] = time.perf_counter() - started
     return post
+
+
+def _warn_no_start(failed: StartError, bounds: str) -> None:
+    """The warning of a step 4 that could not start (its caller's result holds steps 1-3); ``bounds``: where the
+    result says which parameters sit on a bound."""
+    warnings.warn(f"step 4 (NUTS) could not start from the refined optimum ({failed}): the result holds steps 1-3 "
+                  "only, as with posterior=None. The refined point may sit where the model cannot be solved (a "
+                  f"parameter on a bound: see {bounds}); narrow the priors away from it, or try "
+                  "posterior=pgpgm.NUTS(sampler='pymc')", ConvergenceWarning, stacklevel=4)
 
 
 def _posterior(prepared: Prepared, matched: Matched | None, refined: Refined, options: FitOptions) -> Posterior:
@@ -179,14 +182,15 @@ def _refined_point(layout, ref: Refinement, obs, initial_states) -> tuple[dict[s
 
 
 # ----------------------------------------------------------------------------- studies
-def posterior_study(design: StudyDesign, refined: StudyRefined, options: FitOptions, timings: dict) -> Posterior:
+def posterior_study(design: StudyDesign, refined: StudyRefined, options: FitOptions,
+                    timings: dict) -> Posterior | None:
     """Step 4 of a study: NUTS (:func:`~pgpgm.posterior.rounds.run_nuts`) on one joint ``pm.Model``
     (:func:`~pgpgm.study.model.build_study_model`) started at the joint optimum; hierarchical parameters
     (``log p[e] = mu_p + sigma_p z_p[e]``, non-centred by default) start with z[e] from the refined values, mu and
     sigma from their log mean and sd. ``NUTS(sampler="auto")`` runs PyMC's rounds for a hierarchical model:
     the Laplace approximation nutpie is whitened by cannot describe the funnel of a population sd (4 subjects,
     tests/test_study.py: nutpie 196 s of a 240 s budget, PyMC 38 s); nutpie for any other.
-    ``timings["posterior"]``: its seconds."""
+    ``timings["posterior"]``: its seconds. None (warned) where NUTS cannot start."""
     started = time.perf_counter()
     system, spec, best, study = design.system, options.posterior, refined.best, design.study
     names, free, plan = study.names, refined.free, design.plan
@@ -205,10 +209,14 @@ def posterior_study(design: StudyDesign, refined: StudyRefined, options: FitOpti
     known = (design.given_sd or {}) if plan is None else {s: v for s, v in plan[1].items() if np.isfinite(v)}
     center, spread = _study_start(design, refined, known, n_obs)
     engine = "pymc" if spec.sampler == "auto" and design.hierarchical else spec.sampler
-    run = run_nuts(model, center, spread, covariance=_study_covariance(best, design.hierarchical, design.centred),
-                   draws=spec.draws, tune=spec.tune, chains=spec.chains, cores=spec.cores, seed=options.seed,
-                   nuts_sampler=engine, max_rounds=spec.rounds, progressbar=options.progressbar, budget=spec.budget,
-                   warn=False, ess=spec.ess, sd_error=spec.sd_error)
+    try:
+        run = run_nuts(model, center, spread, covariance=_study_covariance(best, design.hierarchical, design.centred),
+                       draws=spec.draws, tune=spec.tune, chains=spec.chains, cores=spec.cores, seed=options.seed,
+                       nuts_sampler=engine, max_rounds=spec.rounds, progressbar=options.progressbar,
+                       budget=spec.budget, warn=False, ess=spec.ess, sd_error=spec.sd_error)
+    except StartError as failed:
+        _warn_no_start(failed, "result.theta('joint') against the priors")
+        return None
     timings["posterior"] = time.perf_counter() - started
     return Posterior(run.tree, run, tuple(rv.name for rv in model.free_RVs), sum(run.gradient_evaluations), model)
 
@@ -333,17 +341,21 @@ def posterior_petab(design: PetabDesign, refined: PetabRefined, options: FitOpti
 
 
 def _nuts_petab(design: PetabDesign, refined: PetabRefined, options: FitOptions, timings: dict,
-                started: float) -> Posterior:
-    """:func:`posterior_petab`'s NUTS."""
+                started: float) -> Posterior | None:
+    """:func:`posterior_petab`'s NUTS (None, warned, where it cannot start)."""
     spec, problem, best = options.posterior, design.problem, refined.search.best
     model, names = build_petab_model(problem)
     width = design.upper - design.lower
     sd = np.where(np.isfinite(refined.stderr) & (refined.stderr > 0), refined.stderr, 0.01 * width)
     covariance = (list(names), refined.covariance) if np.all(np.isfinite(refined.covariance)) else None
-    run = run_nuts(model, dict(zip(names, map(float, best))), dict(zip(names, map(float, sd))), covariance=covariance,
-                   draws=spec.draws, tune=spec.tune, chains=spec.chains, cores=spec.cores, seed=options.seed,
-                   nuts_sampler="pymc" if spec.sampler == "auto" else spec.sampler, max_rounds=spec.rounds,
-                   progressbar=options.progressbar, budget=spec.budget, warn=False, ess=spec.ess,
-                   sd_error=spec.sd_error, started=started)
+    try:
+        run = run_nuts(model, dict(zip(names, map(float, best))), dict(zip(names, map(float, sd))),
+                       covariance=covariance, draws=spec.draws, tune=spec.tune, chains=spec.chains, cores=spec.cores,
+                       seed=options.seed, nuts_sampler="pymc" if spec.sampler == "auto" else spec.sampler,
+                       max_rounds=spec.rounds, progressbar=options.progressbar, budget=spec.budget, warn=False,
+                       ess=spec.ess, sd_error=spec.sd_error, started=started)
+    except StartError as failed:
+        _warn_no_start(failed, "result.parameter_table(), refined against lower and upper")
+        return None
     timings["posterior"] = time.perf_counter() - started
     return Posterior(run.tree, run, names, sum(run.gradient_evaluations), model)
