@@ -181,6 +181,7 @@ def test_elementwise_sampler_is_reproducible_and_reports_acceptance(lv):
     assert a.posterior["x2"].dims == ("chain", "draw", "time")
 
 
+@pytest.mark.slow  # an accuracy run (20-35 s on 2 cores): ./run.sh test --slow
 def test_lotka_volterra_posterior_near_least_squares_optimum(lv):
     c, ds = _data(lv, "x1-observed")
     density = gradient_matching_density(lv.system, ds, ["x1"], gamma=c.gamma, priors=(0, 10))

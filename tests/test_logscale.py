@@ -99,6 +99,7 @@ def _log_residuals(q, t, y, w):
     return ((np.log(x) - np.log(y)) * w).ravel()
 
 
+@pytest.mark.slow  # an accuracy run (20-35 s on 2 cores): ./run.sh test --slow
 def test_lognormal_fit_recovers_theta_at_the_global_optimum_and_uses_the_lognormal_likelihood(tmp_path):
     theta, x0, t, y = _lognormal_data()
     data = pd.DataFrame({"time": t, "x1": y[:, 0], "x2": y[:, 1]})

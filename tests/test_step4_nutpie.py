@@ -2,6 +2,7 @@
 that passes R-hat and ESS ends there, chains cut to equal length (issue 30)."""
 
 import json
+import time
 import warnings
 
 import arviz_stats
@@ -120,7 +121,8 @@ def test_a_check_reads_the_same_draws_as_the_whole_trace():
     compiled = nutpie.compile_pymc_model(model, backend="numba")
     run = nutpie.sample(compiled, draws=5000, tune=50, chains=3, seed=4, progress_bar=False, blocking=False)
     got = None
-    while got is None:  # read while the chains run on, as sample_nutpie's checks do
+    while got is None:  # read while the chains run on, as sample_nutpie's checks do (at their pace)
+        time.sleep(0.05)
         got = checked_draws(run, ["k", "x_0"], 100)
     assert checked_draws(run, ["k"], 5001) is None
     whole = equal_chains(run.abort(), 100)

@@ -408,6 +408,7 @@ def test_chains_agreeing_on_an_optimum_that_fits_worse_than_the_gp_go_on(fhn):
         RefinedAgreement(density, density.integrator, fit_ratio=0.5)
 
 
+@pytest.mark.slow  # an accuracy run (20-35 s on 2 cores): ./run.sh test --slow
 def test_the_default_fit_of_the_robustness_issue_reaches_the_global_optimum(fhn):
     data = _fhn_default(fhn)
     with warnings.catch_warnings():
