@@ -14,7 +14,8 @@ hierarchical: their population priors given to the fit and drawn from here).
     ./run.sh bench calibration report                                            # table and rank histograms
 
 Records go to ``benchmarks/results/calibration_<class>.jsonl``; ``report`` writes ``calibration.md`` and
-``calibration.png`` there. A failed fit is recorded as such and counted, never ends the run.
+``calibration.png`` there. A failed fit is recorded as such and counted, never ends the run; so is one whose step 4 could not start or left
+fewer draws than a rank needs (statuses "no_posterior", "too_few_draws"): the table counts them beside the ranks.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import numpy as np
 import pandas as pd
 
 import pgpgm
+
+#: the draws a rank is taken among (pgpgm.calibration_record refuses fewer)
+RANK_DRAWS = harness.private("pgpgm.posterior.calibration", "RANK_DRAWS")
 
 
 #: the default fit with nothing the user need not say, but a quiet progress bar
@@ -48,13 +52,18 @@ def _drawn(model: str, case_name: str, rng):
     return spec, spec.case(case_name), box, {p: rng.uniform(*box[p]) for p in spec.system.parameters}
 
 
+def _step4(r):
+    """A fit's step-4 draws; None where step 4 could not start (the result then holds step 2's chains, warned)."""
+    return r.posterior if "posterior" in r.diagnostics["sampler"].values else None
+
+
 def fhn(rng, seed):
     spec, case, box, theta = _drawn("fitzhugh-nagumo", "R-observed", rng)
     x0 = dict(zip(spec.system.states, map(float, case.x0)))
     data = pgpgm.simulate(spec.system, list(theta.values()), case.x0, case.times, observed=["R"], noise_sd=0.1,
                           seed=seed)
     r = pgpgm.fit(spec.system, data, ["R"], x0=x0, noise_sd=0.1, priors=box, seed=seed, **FIT)
-    return r.posterior, theta
+    return _step4(r), theta
 
 
 def lv(rng, seed):
@@ -64,7 +73,7 @@ def lv(rng, seed):
                           noise_sd=0.1, seed=seed)
     r = pgpgm.fit(spec.system, data, ["x1"], x0={"x1": float(case.x0[0]), "x2": (0.0, 10.0)}, noise_sd=0.1,
                   priors=box, seed=seed, **FIT)
-    return r.posterior, {**theta, "x2_0": x2}
+    return _step4(r), {**theta, "x2_0": x2}
 
 
 def sir(rng, seed):
@@ -73,7 +82,7 @@ def sir(rng, seed):
     data = pgpgm.simulate(spec.system, list(theta.values()), case.x0, case.times, observed=["I"], noise="poisson",
                           seed=seed)
     r = pgpgm.fit(spec.system, data, ["I"], x0=x0, noise="poisson", priors=box, seed=seed, **FIT)
-    return r.posterior, theta
+    return _step4(r), theta
 
 
 #: pk-hier: the population priors of log ka and log CL the fit is given and the truth is drawn from
@@ -123,13 +132,31 @@ def run(name: str, sets: int, offset: int) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 posterior, truth = CLASSES[name](rng, k)
-            row = {"set": k, **pgpgm.calibration_record(posterior, truth)}
+            n = 0 if posterior is None else int(posterior.posterior.sizes["chain"] * posterior.posterior.sizes["draw"])
+            if posterior is None:  # step 4 could not start (the fit warned and returned steps 1-3)
+                row = {"set": k, "status": "no_posterior"}
+            elif n < RANK_DRAWS:  # the budget left too few draws to rank the truth among: counted on its own
+                row = {"set": k, "status": "too_few_draws", "draws": n}
+            else:
+                row = {"set": k, "status": "ok", **pgpgm.calibration_record(posterior, truth)}
         except Exception as exc:  # noqa: BLE001  (a failed fit is counted, the run goes on)
-            row = {"set": k, "failed": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+            row = {"set": k, "status": "failed", "failed": f"{type(exc).__name__}: {exc}",
+                   "trace": traceback.format_exc()[-2000:]}
         row["seconds"] = round(time.perf_counter() - t0, 2)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(name, k, "failed" if "failed" in row else "ok", row["seconds"], flush=True)
+        print(name, k, row["status"], row["seconds"], flush=True)
+
+
+def status(record: dict) -> str:
+    """"ok", "too_few_draws" (step 4 returned fewer draws than a rank needs), "no_posterior" (step 4 could not
+    start) or "failed" (the fit raised);
+    records written before the status was (a too-short posterior then failed in the rank) read the same."""
+    if "status" in record:
+        return record["status"]
+    if "failed" not in record:
+        return "ok"
+    return "too_few_draws" if "a rank needs at least" in record["failed"] else "failed"
 
 
 def report() -> None:
@@ -144,14 +171,16 @@ def report() -> None:
         if not path.exists():
             continue
         records = [json.loads(line) for line in path.read_text().splitlines()]
-        good = [r for r in records if "failed" not in r]
+        good = [r for r in records if status(r) == "ok"]
+        short = sum(status(r) in ("too_few_draws", "no_posterior") for r in records)
         names = sorted({n for r in good for n in r["truth"]})
         if len(good) < 20:
             print(f"{name}: {len(good)} data sets, fewer than 20: no table yet")
             continue
         table = pgpgm.calibration_table(good, names)
         for p, t in table.iterrows():
-            rows.append({"class": name, "parameter": p, **t.to_dict(), "failed_fits": len(records) - len(good)})
+            rows.append({"class": name, "parameter": p, **t.to_dict(), "no_or_too_few_draws": short,
+                         "failed_fits": len(records) - len(good) - short})
             panels.append((name, p, [r["rank"][p] for r in good], good[0]["rank_of"]))
     if not rows:
         print("no class has 20 data sets yet")

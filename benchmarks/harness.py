@@ -361,6 +361,8 @@ PRIVATE_NAMES: dict[tuple[str, str | None], str] = {
     ("pgpgm.matching.agreement", None): "robustness.py sidebyside: the module whose refine (step 3's) it wraps while a fit "
                               "runs, to count the stop rule's refinements and their noise-sd rounds (where the "
                               "fits' time goes)",
+    ("pgpgm.posterior.calibration", "RANK_DRAWS"): "calibration.py: how many draws a rank needs, so that a posterior "
+                                                   "the budget left shorter is counted as such, not as a failed fit",
     ("pgpgm.posterior.space", "ValueSpace"): "posterior.py: the centre as a point of the model's value space (to time "
                                        "one log density + gradient there)",
     ("pgpgm.posterior.nutpie_engine", None): "posterior.py --compile: the whitened step-4 model and its compilation "
