@@ -43,7 +43,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "errors": ["BackendWarning", "BoundWarning", "CompetingOptimaWarning", "ConvergenceWarning", "DataError",
                    "IdentifiabilityWarning",
                    "ModelDefinitionError", "ODESolveError", "PgpgmError", "PrecisionWarning", "ResultFileError",
-                   "SamplingError", "StartError"],
+                   "SamplingError", "StartError", "UnknownNameError", "LaplaceError"],
         "ode.system": ["ODESystem"],
         "ode.transform": ["LogScale", "log_transform"],
         "fitting": ["fit", "fit_petab", "fit_study"],

@@ -13,6 +13,20 @@ class DataError(PgpgmError, ValueError):
     """Input data are unusable (wrong shape, NaN, unsorted or duplicate times, ...)."""
 
 
+class UnknownNameError(PgpgmError, KeyError):
+    """A name that pgpgm does not know: a shipped model (:func:`pgpgm.load_model`), a model's case. The message
+    lists the names it knows. (A ``KeyError`` too, as a missing key of a mapping is.)"""
+
+    def __str__(self) -> str:  # the message as written, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
+class LaplaceError(DataError):
+    """The Laplace approximation does not exist at the optimum: its covariance is not finite (the data do not
+    determine every unknown) or its Gaussian lies almost wholly outside the bounds. ``pgpgm.fit`` and
+    ``pgpgm.fit_petab`` catch it and return steps 1-3 with an :class:`IdentifiabilityWarning`."""
+
+
 class ODESolveError(PgpgmError, RuntimeError):
     """A numerical ODE solve failed (solver error flag, too many steps, non-finite state)."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelDefinitionError
+from .errors import ModelDefinitionError, UnknownNameError
 from .ode.system import ODESystem
 from .priors import DEFAULT_BOUNDS
 from .simulate import simulate
@@ -83,7 +83,7 @@ class ModelSpec:
         if name is None:
             return next(iter(self.cases.values()))
         if name not in self.cases:
-            raise KeyError(f"{self.system.name} has no case {name!r}; cases: {list(self.cases)}")
+            raise UnknownNameError(f"{self.system.name} has no case {name!r}; cases: {list(self.cases)}")
         return self.cases[name]
 
 
@@ -104,7 +104,8 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         fname = str(name_or_path).replace("-", "_") + ".toml"
         res = resources.files("pgpgm.models") / fname
         if not res.is_file():
-            raise KeyError(f"unknown model {name_or_path!r}; shipped models: {available_models()}")
+            raise UnknownNameError(f"unknown model {name_or_path!r}; shipped models: {available_models()} (or the "
+                                   "path of a model file)")
         text = res.read_text()
     try:
         doc = tomllib.loads(text)

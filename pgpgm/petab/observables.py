@@ -146,6 +146,10 @@ def _compile(t: Table, line: int, oid: str, transformation: str, distribution: s
     formula = columns["observableFormula"].xreplace(swap["observableFormula"])
     noise = columns["noiseFormula"].xreplace(swap["noiseFormula"])
     noise = noise.xreplace({sp.Symbol("self", real=True): formula})
+    if noise.is_number and not float(noise) > 0:  # a noise sd (or Laplace scale) is positive
+        raise cell_error(t.path, line, "noiseFormula", f"the noise formula is the constant {float(noise):g}; it is the "
+                                                       "noise sd (or Laplace scale) of the observable: give a "
+                                                       "positive number or formula")
     names = {symbol(s): ("x", j) for j, s in enumerate(model.states)}
     names.update({symbol(c): ("c", k) for k, c in enumerate(model.constants)})
     names[TIME] = ("t", 0)

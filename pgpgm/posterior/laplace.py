@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from ..errors import DataError, ODESolveError
+from ..errors import ConvergenceWarning, LaplaceError, ODESolveError
 from ..solve import Integrator
 from .model import initial_value_name
 
@@ -27,13 +29,18 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
     -------
     arviz DataTree with ``posterior``: every parameter and every refined initial value
     (``<state>_0``) (chain, draw), every state (chain, draw, time_dense); a failed solve
-    leaves NaN states.
+    leaves NaN states (a :class:`~pgpgm.errors.ConvergenceWarning` counts them).
+
+    Raises
+    ------
+    LaplaceError
+        when the covariance is not finite (the data do not determine every unknown).
     """
     from arviz_base import from_dict
     cov = np.asarray(ref.q_covariance, float)
     if not np.all(np.isfinite(cov)):
-        raise DataError("the refinement covariance is not finite (some parameters are not determined by the data); "
-                        "use posterior='nuts'")
+        raise LaplaceError("the refinement covariance is not finite (some parameters are not determined by the "
+                           "data); use posterior='nuts'")
     system = dense.system
     P = sum(not name.startswith("x0[") for name in ref.q_names)  # the parameters, then "x0[state]"
     free = [system.states.index(name[3:-1]) for name in ref.q_names[P:]]
@@ -47,6 +54,13 @@ def laplace_posterior(dense: Integrator, ref, *, draws: int = 2000, seed: int | 
             X[k] = dense.solve(q[k, :P], x0[k])
         except ODESolveError:
             pass
+    failed = int(np.sum(np.all(np.isnan(X), axis=(1, 2))))
+    if failed:
+        warnings.warn(f"{failed} of {draws} Laplace draws could not be solved (their trajectories of "
+                      f"{', '.join(system.states)} are NaN): the Gaussian "
+                      "at the optimum reaches parameters where the model cannot be solved, so it is a poor "
+                      "approximation there; posterior='nuts' samples the posterior itself", ConvergenceWarning,
+                      stacklevel=5)
     post = {p: q[None, :, j] for j, p in enumerate(system.parameters)}
     post.update({initial_value_name(system.states[i]): x0[None, :, i] for i in free})
     post.update({s: X[None, :, :, i] for i, s in enumerate(system.states)})
@@ -64,15 +78,16 @@ def gaussian_draws(names, mean: np.ndarray, covariance: np.ndarray, draws: int, 
 
     Raises
     ------
-    DataError
-        when the covariance is not finite (the data do not determine every variable).
+    LaplaceError
+        when the covariance is not finite (the data do not determine every variable) or the Gaussian lies
+        almost wholly outside the bounds.
     """
     from arviz_base import from_dict
 
     cov = np.asarray(covariance, float)
     if not np.all(np.isfinite(cov)):
-        raise DataError("the optimum's covariance is not finite (the data do not determine every parameter): use "
-                        "posterior='nuts'")
+        raise LaplaceError("the optimum's covariance is not finite (the data do not determine every parameter): "
+                           "use posterior='nuts'")
     rng = np.random.default_rng(seed)
     lo = np.full(len(mean), -np.inf) if lower is None else np.asarray(lower, float)
     hi = np.full(len(mean), np.inf) if upper is None else np.asarray(upper, float)
@@ -83,7 +98,7 @@ def gaussian_draws(names, mean: np.ndarray, covariance: np.ndarray, draws: int, 
         if len(kept) >= draws:
             break
     if len(kept) < draws:
-        raise DataError("the Gaussian at the optimum lies almost wholly outside the bounds: use posterior='nuts'")
+        raise LaplaceError("the Gaussian at the optimum lies almost wholly outside the bounds: use posterior='nuts'")
     tree = from_dict({"posterior": {n: kept[None, :draws, j] for j, n in enumerate(names)}})
     tree.attrs["pgpgm_posterior"] = "laplace"
     return tree

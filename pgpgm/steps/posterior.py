@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConvergenceWarning, StartError
+from ..errors import ConvergenceWarning, IdentifiabilityWarning, LaplaceError, StartError
 from ..ode.system import ODESystem
 from ..posterior.laplace import gaussian_draws, laplace_posterior
 from ..posterior.petab_model import build_petab_model
@@ -61,16 +61,22 @@ def posterior_step(prepared: Prepared, matched: Matched | None, refined: Refined
     started = time.perf_counter()
     try:
         post = _posterior(prepared, matched, refined, options)
-    except StartError as failed:
+    except (StartError, LaplaceError) as failed:
         _warn_no_start(failed, "result.estimates['at_bound']")
         post = replace(_posterior(prepared, matched, refined, replace(options, posterior=None)), stand_in=True)
     timings["posterior"] = time.perf_counter() - started
     return post
 
 
-def _warn_no_start(failed: StartError, bounds: str) -> None:
+def _warn_no_start(failed: StartError | LaplaceError, bounds: str) -> None:
     """The warning of a step 4 that could not start (its caller's result holds steps 1-3); ``bounds``: where the
     result says which parameters sit on a bound."""
+    if isinstance(failed, LaplaceError):
+        warnings.warn(f"step 4 (Laplace) has no approximation at the refined optimum ({failed}): the result holds "
+                      "steps 1-3 only, as with posterior=None. The IdentifiabilityWarning, if any, names what the "
+                      "data leave open; posterior='nuts' samples the posterior over the prior box instead",
+                      IdentifiabilityWarning, stacklevel=4)
+        return
     warnings.warn(f"step 4 (NUTS) could not start from the refined optimum ({failed}): the result holds steps 1-3 "
                   "only, as with posterior=None. The refined point may sit where the model cannot be solved (a "
                   f"parameter on a bound: see {bounds}); narrow the priors away from it, or try "
@@ -332,7 +338,12 @@ def posterior_petab(design: PetabDesign, refined: PetabRefined, options: FitOpti
     problem, best = design.problem, refined.search.best
     names = tuple(p.id for p in problem.estimated)
     if isinstance(spec, Laplace):
-        tree = gaussian_draws(names, best, refined.covariance, spec.draws, options.seed, design.lower, design.upper)
+        try:
+            tree = gaussian_draws(names, best, refined.covariance, spec.draws, options.seed, design.lower,
+                                  design.upper)
+        except LaplaceError as failed:
+            _warn_no_start(failed, "result.parameter_table(), refined against lower and upper")
+            return None
         timings["posterior"] = time.perf_counter() - started
         return Posterior(tree, None, names, 0)
     with warnings.catch_warnings():  # the likelihood is a Python Op by design: PyTensor's numba backend says so

@@ -85,6 +85,8 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
     substituted (see :func:`pgpgm.fit`); with ``observables`` (measured functions of the states),
     :func:`prepare_observables`'s. ``x0_observed``: known initial values of observed states as earlier
     releases took them (:func:`pgpgm.fit` warns that it is deprecated)."""
+    check_instance(system, ODESystem, "system must be a pgpgm.ODESystem (e.g. pgpgm.load_model(name).system, "
+                   "pgpgm.ODESystem.from_equations)")
     if observables is not None:
         return prepare_observables(system, data, observed, options, observables=observables, x0=x0, t0=t0,
                                    noise=noise, transform=transform, fixed=fixed, true_theta=true_theta,
@@ -313,11 +315,15 @@ def _known_observed_x0(values, states, scales) -> dict[str, float]:
                         "noise with transform='log'); give the measurement noise model alone "
                         "(noise={state: 'lognormal'}), or leave the initial value out to estimate it")
     out = {}
+    logs = () if scales is None else scales.matching_scale.states
     for k, v in values.items():
         a = as_float_array(v, f"x0[{k}]")
         if a.size != 1 or not np.isfinite(a).all():
             raise DataError(f"x0[{k}] must be one finite number, got {v!r}")
         out[k] = float(a.reshape(-1)[0])
+        if k in logs and not out[k] > 0:
+            raise DataError(f"x0[{k}] = {out[k]:g} must be positive: state {k} is on the log scale (transform="
+                            f"{{{k!r}: 'log'}}); give its positive initial value, or drop the log scale for {k}")
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import xarray as xr
@@ -107,7 +107,7 @@ def report(prepared: Prepared, matched: Matched | None, refined: Refined, post: 
                       stacklevel=3)  # report <- fit <- the caller
     data, true_theta = prepared.data, prepared.true_theta
     if true_theta is None and isinstance(data, xr.Dataset) and "theta" in data.attrs:
-        true_theta = data.attrs["theta"]
+        true_theta = simulated_truth(data.attrs, prepared.full.parameters)
     x0_true = (np.asarray(data.attrs["x0"], float) if isinstance(data, xr.Dataset) and "x0" in data.attrs
                else refined.x0_sampled)
     solves = {"sampling": matched.n_solves if matched is not None else 0,
@@ -151,6 +151,17 @@ def warn_about_posterior(diag, tree, label: str, *, nuts: bool, undetermined, at
     warn_if_unconverged(diag, label, notes=notes, stacklevel=stacklevel + 1)
     if nuts and not mixing_problems(diag):
         warn_if_imprecise(tree, label, stacklevel=stacklevel + 1)
+
+
+def simulated_truth(attrs: Mapping, parameters: Sequence[str]) -> np.ndarray | None:
+    """(P,) the parameters' true values from :func:`pgpgm.simulate`'s ``attrs`` (``theta`` by ``parameters``,
+    the simulated system's names), in the order of ``parameters`` (the fitted system's); None where the data
+    were simulated with parameters other than these (e.g. a system with some of them fixed: no truth to show)."""
+    theta = np.asarray(attrs["theta"], float).reshape(-1)
+    names = list(attrs.get("parameters", parameters))
+    if len(names) != theta.size or set(names) != set(parameters):
+        return None
+    return np.array([theta[names.index(p)] for p in parameters])
 
 
 # ----------------------------------------------------------------------------- studies
