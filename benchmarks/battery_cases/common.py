@@ -199,3 +199,20 @@ def copy_suite(tmp, number="0001"):
     dst = Path(tmp) / f"petab_{number}"
     shutil.copytree(SUITE / number, dst)
     return dst, dst / f"_{number}.yaml"
+
+
+def theoph_subset(ids=("1", "2", "3"), after_dose=False):
+    p = pg()
+    th, inp = p.datasets.theophylline(), p.datasets.theophylline_inputs()
+    th = th[th["experiment"].isin(ids)]
+    if after_dose:
+        th = th[th["time"] > 0]
+    return th, inp[inp["experiment"].isin(ids)]
+
+
+def pk_csv(tmp, after_dose=True):
+    pk, data, t = pk_after_dose()
+    df = to_tidy(data)
+    path = tmp / "obs.csv"
+    df.to_csv(path, index=False)
+    return path

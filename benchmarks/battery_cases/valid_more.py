@@ -11,15 +11,6 @@ from battery_cases.common import *  # noqa: F403  (the registry, the checks and 
 
 
 # ------------------------------------------------------------------------------------------- studies (valid)
-def theoph_subset(ids=("1", "2", "3"), after_dose=False):
-    p = pg()
-    th, inp = p.datasets.theophylline(), p.datasets.theophylline_inputs()
-    th = th[th["experiment"].isin(ids)]
-    if after_dose:
-        th = th[th["time"] > 0]
-    return th, inp[inp["experiment"].isin(ids)]
-
-
 def check_study_held(chk, r, x0_by_exp, t0=None):
     est = r.estimates["x0"]
     x = r.trajectories["x"]
@@ -245,14 +236,6 @@ def v_petab_fit_bruno_laplace(tmp):
 
 
 # ------------------------------------------------------------------------------------------------ CLI (valid)
-def pk_csv(tmp, after_dose=True):
-    pk, data, t = pk_after_dose()
-    df = to_tidy(data)
-    path = tmp / "obs.csv"
-    df.to_csv(path, index=False)
-    return path
-
-
 @case("valid")
 def v_cli_list_info(tmp):
     """pgpgm list and pgpgm info exit 0."""
