@@ -216,3 +216,10 @@ def pk_csv(tmp, after_dose=True):
     path = tmp / "obs.csv"
     df.to_csv(path, index=False)
     return path
+
+
+def theoph_study(ids=("1", "2", "3")):
+    """Theophylline subjects ``ids``: their data, inputs, the Study with the dose as A(0) and C(0) = 0, pk-oral."""
+    th, inp = theoph_subset(ids)
+    p = pg()
+    return th, inp, p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0}), p.load_model("pk-oral")

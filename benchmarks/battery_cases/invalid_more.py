@@ -128,9 +128,7 @@ def i_study_inputs_missing_row(tmp):
 def i_study_varying_unknown(tmp):
     """fit_study varying names an unknown parameter."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     with bad():
         p.fit_study(spec.system, study, varying=["kaa"], priors=spec.priors(), posterior=None, **FAST)
 
@@ -139,9 +137,7 @@ def i_study_varying_unknown(tmp):
 def i_study_hierarchical_unknown_dist(tmp):
     """hierarchical={'ka': 'gamma'} (only lognormal is documented)."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     with bad():
         p.fit_study(spec.system, study, hierarchical={"ka": "gamma"}, priors=spec.priors(), posterior=None, **FAST)
 
@@ -150,9 +146,7 @@ def i_study_hierarchical_unknown_dist(tmp):
 def i_study_noise_unknown_state(tmp):
     """fit_study noise names an unknown state."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     with bad():
         p.fit_study(spec.system, study, noise={"Q": "lognormal"}, priors=spec.priors(), posterior=None, **FAST)
 
@@ -182,9 +176,7 @@ def i_study_data_before_t0(tmp):
 def i_study_lognormal_with_zero(tmp):
     """A study with lognormal noise and the pre-dose zeros left in."""
     p = pg()
-    th, inp = theoph_subset(("2", "3", "4"))
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study(("2", "3", "4"))
     with bad():
         p.fit_study(spec.system, study, noise={"C": "lognormal"}, priors=spec.priors(), posterior=None, **FAST)
 

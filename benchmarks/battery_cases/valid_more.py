@@ -35,9 +35,7 @@ def check_study_held(chk, r, x0_by_exp, t0=None):
 def v_study_theoph_from_tidy(tmp):
     """Theophylline, 3 subjects from the tidy table, x0 A = dose column, C = 0 (docs), steps 1-3."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     r = p.fit_study(spec.system, study, priors=spec.priors(), posterior=None, **FAST)
     r.theta("joint")
     chk = Checks()
@@ -106,9 +104,7 @@ def v_study_from_mapping(tmp):
 def v_study_varying_noise_per_experiment(tmp):
     """varying=['CL'] and noise_per_experiment=True, steps 1-3."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     r = p.fit_study(spec.system, study, varying=["CL"], noise_per_experiment=True, priors=spec.priors(),
                     posterior=None, **FAST)
     chk = Checks()
@@ -121,9 +117,7 @@ def v_study_varying_noise_per_experiment(tmp):
 def v_study_hierarchical_small_nuts(tmp):
     """Hierarchical ka, CL (centred) with a small NUTS budget (25 s), 3 subjects."""
     p = pg()
-    th, inp = theoph_subset()
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study()
     r = p.fit_study(spec.system, study, hierarchical={"ka": "lognormal", "CL": "lognormal"}, priors=spec.priors(),
                     centred=True, posterior=p.NUTS(draws=50, tune=50, chains=2, budget=25), **FAST)
     chk = Checks()
@@ -138,9 +132,7 @@ def v_study_hierarchical_small_nuts(tmp):
 def v_study_save_load(tmp):
     """A study's result saved and read back with load_study."""
     p = pg()
-    th, inp = theoph_subset(("1", "2"))
-    study = p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0})
-    spec = p.load_model("pk-oral")
+    th, inp, study, spec = theoph_study(("1", "2"))
     r = p.fit_study(spec.system, study, priors=spec.priors(), posterior=None, **FAST)
     path = r.save(tmp / "s.nc")
     back = p.load_study(path)
