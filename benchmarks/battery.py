@@ -4,7 +4,12 @@ be refused early by pgpgm with a message that names the input.
 Written from the documentation alone (README.md, docs/, models/, notebooks/, the public docstrings), as a
 held-out measurement: no case was written by reading how pgpgm handles it.
 
-    python benchmarks/battery.py [--only NAME[,NAME...]] [--out FILE] [--update] [--list] [--timeout S]
+    python benchmarks/battery.py [--set first|second|all] [--only NAME[,NAME...]] [--out FILE] [--update] [--list]
+                                 [--timeout S]
+
+--set chooses the cases: ``first`` (default; valid_fits, valid_more, invalid_fits, invalid_more), ``second`` (the
+held-out second battery: second_valid, second_valid_more, second_invalid, second_invalid_more; default output
+benchmarks/results/battery2.jsonl) or ``all``.
 
 Each case runs in its own process (this script with --child NAME) with a timeout (120 s), so that a crash
 or a hang ends only that case. Outcomes:
@@ -40,8 +45,16 @@ from pathlib import Path
 
 
 from battery_cases import invalid_fits, invalid_more, valid_fits, valid_more  # noqa: F401  (register)
+from battery_cases import second_invalid, second_invalid_more, second_valid, second_valid_more  # noqa: F401
 from battery_cases.common import *  # noqa: F403
 from battery_cases.common import _MARK
+
+
+SETS = {"first": {m.__name__ for m in (valid_fits, valid_more, invalid_fits, invalid_more)},
+        "second": {m.__name__ for m in (second_valid, second_valid_more, second_invalid, second_invalid_more)}}
+SETS["all"] = SETS["first"] | SETS["second"]
+OUTS = {"first": DEFAULT_OUT, "second": DEFAULT_OUT.with_name("battery2.jsonl"),
+        "all": DEFAULT_OUT.with_name("battery_all.jsonl")}
 
 
 def child(name, json_path):
@@ -206,7 +219,8 @@ def run_case(name, timeout):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated case names")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--set", default="first", choices=sorted(SETS), help="which cases (default: first)")
+    ap.add_argument("--out", help="results file (default: results/battery.jsonl, battery2.jsonl for --set second)")
     ap.add_argument("--update", action="store_true", help="replace these cases' lines in --out, keep the others")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--timeout", type=float, default=None)
@@ -216,16 +230,17 @@ def main(argv=None):
     if args.child:
         child(args.child, args.json)
         return 0
+    chosen = [n for n, s in CASES.items() if s["fn"].__module__ in SETS[args.set]]
     if args.list:
-        for n, s in CASES.items():
-            print(f"{n:45s} {s['kind']:8s} {s['note']}")
-        print(len(CASES), "cases")
+        for n in chosen:
+            print(f"{n:45s} {CASES[n]['kind']:8s} {CASES[n]['note']}")
+        print(len(chosen), "cases")
         return 0
-    names = list(CASES) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CASES]
+    names = chosen if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in chosen]
     if unknown:
-        ap.error(f"unknown case(s) {unknown}; --list names them")
-    out = Path(args.out)
+        ap.error(f"unknown case(s) {unknown} in --set {args.set}; --list names them")
+    out = Path(args.out or OUTS[args.set])
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = []
     if args.update and out.exists():

@@ -31,7 +31,7 @@ import lazy_loader as _lazy
 
 __getattr__, __dir__, __all__ = _lazy.attach(
     __name__,
-    submodules=["batch", "codegen", "data", "datasets", "errors", "fit_result", "fitting", "gp", "matching", "observables",
+    submodules=["batch", "codegen", "data", "datasets", "errors", "fit_result", "fitting", "gp", "matching", "noise", "observables",
                 "ode", "petab", "petab_result", "posterior", "priors", "refinement", "sensitivity", "solve", "spec", "steps", "study",
                 "study_result"],
     submod_attrs={
@@ -43,7 +43,7 @@ __getattr__, __dir__, __all__ = _lazy.attach(
         "errors": ["BackendWarning", "BoundWarning", "CompetingOptimaWarning", "ConvergenceWarning", "DataError",
                    "IdentifiabilityWarning",
                    "ModelDefinitionError", "ODESolveError", "PgpgmError", "PrecisionWarning", "ResultFileError",
-                   "SamplingError", "StartError", "UnknownNameError", "LaplaceError"],
+                   "SamplingError", "StartError", "UnknownNameError", "LaplaceError", "MissingFileError"],
         "ode.system": ["ODESystem"],
         "ode.transform": ["LogScale", "log_transform"],
         "fitting": ["fit", "fit_petab", "fit_study"],

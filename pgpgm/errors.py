@@ -21,6 +21,11 @@ class UnknownNameError(PgpgmError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class MissingFileError(DataError, FileNotFoundError):
+    """A file the user named does not exist (a model file for :func:`pgpgm.load_model`). A
+    ``FileNotFoundError`` too."""
+
+
 class LaplaceError(DataError):
     """The Laplace approximation does not exist at the optimum: its covariance is not finite (the data do not
     determine every unknown) or its Gaussian lies almost wholly outside the bounds. ``pgpgm.fit`` and

@@ -155,7 +155,8 @@ def per_state(value, what: str, allowed: Sequence[str], states: Sequence[str], d
     unknown = [k for k in value if k not in states]
     if unknown:
         raise DataError(f"{what} names {unknown}, which are not among the states it applies to {list(states)}")
-    bad = {k: v for k, v in value.items() if v not in allowed}
+    bad = {k: v for k, v in value.items()
+           if not (v in allowed if isinstance(v, str) else what == "noise" and isinstance(v, _NOISE_CLASSES))}
     if bad:
         raise DataError(f"{what} for {list(bad)} must be one of {list(allowed)}, got {list(bad.values())}")
     return {s: value.get(s, default) for s in states}

@@ -73,6 +73,15 @@ class Priors:
             return None
         return np.array(self.specs, float).reshape(-1, 2)
 
+    @property
+    def refinement_bounds(self) -> np.ndarray | None:
+        """(P, 2) the bounds least squares holds each parameter in: its Uniform prior's box, (-inf, inf) for a
+        parameter with another prior; None when no prior is a box. (:attr:`bounds` is None as soon as one
+        prior is not a box: the searches that spread points over the box need every side finite.)"""
+        if all(callable(s) for s in self.specs):
+            return None
+        return np.array([(-np.inf, np.inf) if callable(s) else s for s in self.specs], float).reshape(-1, 2)
+
     def variables(self, log_scale: Sequence[str] = (), own_scale: Mapping[str, float] | None = None
                   ) -> pt.TensorVariable:
         """Create the prior variables in the current PyMC model; returns theta (P,).
@@ -102,8 +111,8 @@ def prior_variable(name: str, spec: Callable[[str], pt.TensorVariable]) -> pt.Te
 
     Raises
     ------
-    DataError : the callable fails or returns something else (None, a number, a vector), naming
-        the parameter.
+    DataError : the callable fails, returns something else (None, a number, a vector) or creates no
+        variable of that name, naming the parameter.
     """
     example = "e.g. lambda name: pm.LogNormal(name, 0.0, 1.0)"
     try:
@@ -116,6 +125,9 @@ def prior_variable(name: str, spec: Callable[[str], pt.TensorVariable]) -> pt.Te
                else f"{type(value).__name__} {value!r:.60}")
         raise DataError(f"the prior callable of {name} returned {got}; it must create and return one scalar PyMC "
                         f"variable named by its argument, {example}")
+    if name not in pm.modelcontext(None).named_vars:  # the fit looks the parameter up by its name
+        raise DataError(f"the prior callable of {name} created no variable named {name!r} (it returned one named "
+                        f"{value.name!r}); name the variable by the callable's argument, {example}")
     return value
 
 

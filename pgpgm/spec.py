@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelDefinitionError, UnknownNameError
+from .errors import MissingFileError, ModelDefinitionError, UnknownNameError
 from .ode.system import ODESystem
 from .priors import DEFAULT_BOUNDS
 from .simulate import simulate
@@ -98,7 +98,8 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         if not p.is_file():
-            raise FileNotFoundError(f"no model file {p}")
+            raise MissingFileError(f"no model file {p}; give the path of a TOML model file, or the name of a shipped "
+                                   f"model: {available_models()}")
         text = p.read_text()
     else:
         fname = str(name_or_path).replace("-", "_") + ".toml"

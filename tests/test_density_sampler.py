@@ -283,6 +283,7 @@ np.savez(sys.argv[1], **{{p: gm.posterior[p].values for p in spec.system.paramet
 
 
 @pytest.mark.filterwarnings("ignore::pgpgm.errors.ConvergenceWarning")  # 300 iterations: numbers, not a posterior
+@pytest.mark.slow  # CI checks the compiled kernels' reuse across processes in test_kernel_cache
 def test_second_fit_of_a_model_compiles_nothing_and_matches_a_fresh_process(lv, tmp_path, monkeypatch):
     """Issue 12: a second fit of the same model (other data) in one process builds no PyTensor
     graph (no Apply node) and compiles no function (no FunctionMaker), and its numbers are

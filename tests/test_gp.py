@@ -351,7 +351,8 @@ def test_large_grid():
     assert gm.D.shape == (1000, 1000) and np.all(np.isfinite(gm.A))
 
 
-@pytest.mark.parametrize("kernel", ["rbf", "matern52", "sigmoid"])
+@pytest.mark.parametrize("kernel", ["rbf", pytest.param("matern52", marks=pytest.mark.slow),
+                                    pytest.param("sigmoid", marks=pytest.mark.slow)])  # CI: one kernel
 def test_long_series_warm_start_reaches_the_full_fits_optimum(kernel):
     """N = 1000 (issue 12): starts on 250 thinned points, then one optimisation on all 1000,
     reach the optimum of every start on all 1000 points (warm_start_points=None) - log marginal

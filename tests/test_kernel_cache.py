@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 # Builds a one-state system, evaluates its kernels, solves it with CVODE (from Python and,
 # with OP=1, inside a compiled PyTensor graph) and prints what numba compiled.
@@ -119,6 +120,7 @@ def test_changed_equations_never_get_the_old_kernels(tmp_path):
     _check_decay(again, source=False)
 
 
+@pytest.mark.slow  # a concurrency run of several processes; CI checks a second process's reuse of the cache
 def test_concurrent_processes_share_the_cache_without_corrupting_it(tmp_path):
     procs = [_run(tmp_path, _DECAY_SOURCE, wait=False) for _ in range(4)]
     results = [_result(p) for p in procs]

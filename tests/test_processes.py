@@ -118,6 +118,7 @@ def test_step_4_draws_are_the_same_under_two_thread_settings(one_thread, tmp_pat
     assert np.ptp(np.array(two["draws"]["k"])) > 0  # real draws, not a constant
 
 
+@pytest.mark.slow  # two fresh processes compiling a new model; CI checks the chain processes' draws against this process's
 def test_the_process_that_compiles_a_model_draws_what_a_later_process_draws(tmp_path):
     """The first process that meets a step-4 model compiles its log density (PyTensor's numba backend) and a
     later one loads that from the cache: with the same seed both draw the same, bit for bit. (With PyTensor's

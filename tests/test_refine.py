@@ -500,6 +500,7 @@ def _fhn_r_nll(q: np.ndarray, t: np.ndarray, y: np.ndarray) -> tuple[float, np.n
     return 0.5 * n * (np.log(2 * np.pi * np.mean(r**2)) + 1), r
 
 
+@pytest.mark.slow  # an accuracy run against an independent bounded multi-start
 def test_an_unknown_initial_value_is_held_inside_its_prior_and_what_the_data_said_outside_is_named():
     # FitzHugh-Nagumo, R observed, V(0) unknown with the prior (-0.3, 0.3) while the data's V(0) is -1: step 3
     # refines V(0) unbounded to about -0.91, many standard errors outside the box, then held to it: the refined

@@ -348,6 +348,7 @@ def kill_saves(folder: Path, runs: list[tuple[str, int, int]]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 24 saves killed at random moments; CI checks the checksum and truncated files
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fault injection forks the saving process")
 def test_a_killed_save_never_damages_the_earlier_file(tmp_path):
     report = kill_saves(tmp_path, [("atomic", 16, 20240601), ("in-place", 8, 7)])

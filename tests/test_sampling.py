@@ -79,6 +79,7 @@ def test_block_scheme_matches_known_gaussian_posterior():
     assert 0.15 < float(tree.sample_stats["accept_block"].mean()) < 0.5
 
 
+@pytest.mark.slow  # an accuracy run; CI checks the block scheme against a known Gaussian posterior
 def test_block_scheme_matches_quadrature_with_a_latent_state():
     density, m_theta, v_theta, m_x1, m_x2 = _latent_case()
     # a start far from the posterior (theta ~ 1): the burn-in must find it
@@ -277,6 +278,7 @@ def test_seeded_runs_repeat_and_differ_across_seeds(lv):
     assert np.all(np.ptp(a.posterior["theta1"].values, axis=1) > 0)
 
 
+@pytest.mark.slow  # worker processes for step 2; CI checks them in test_processes (a threaded parent)
 def test_draws_do_not_depend_on_the_number_of_processes(lv, monkeypatch):
     # 150 times: from about this size a matrix product with BLAS on 2 threads rounds
     # differently from 1 thread, so a worker deriving the sampler's arrays under another

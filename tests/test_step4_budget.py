@@ -357,6 +357,7 @@ def test_chains_in_one_process_share_the_budget():
     assert spent["exhausted"] == "gradient evaluations" and spent["used_gradient_evaluations"] <= 2 * 8000 + 4 * 1023
 
 
+@pytest.mark.slow  # CI checks that waves share the budget; their draws are checked with --slow
 def test_chains_in_waves_draw_as_the_chains_of_one_call(monkeypatch):
     """Four chains on two processes with a budget run as two waves of two chains, one pymc.sample call
     each, every chain with its own random stream and start: the same draws as the four chains sampled

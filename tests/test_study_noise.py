@@ -142,6 +142,7 @@ def test_per_experiment_noise_sds_equal_independent_multistart(per_experiment3):
     assert res.nll < shared - 5
 
 
+@pytest.mark.slow  # an accuracy run; CI checks the joint lognormal fit against an independent multistart
 def test_per_experiment_lognormal_equals_independent_multistart(pk, lognormal3):
     ys, _ = lognormal3
     ys = {k: np.where(np.isnan(y), np.nan, y ** (1.0 + 0.5 * j)) / conc(TIMES, 1.0, *TRUTH) ** (0.5 * j)

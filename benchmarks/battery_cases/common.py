@@ -223,3 +223,28 @@ def theoph_study(ids=("1", "2", "3")):
     th, inp = theoph_subset(ids)
     p = pg()
     return th, inp, p.Study.from_tidy(th, inp, x0={"A": "dose_mg_per_kg", "C": 0.0}), p.load_model("pk-oral")
+
+
+def chain_toml(name: str, description: str, a0: float, num: int) -> str:
+    """The text of a TOML model file of the chain A -> B -> (gone), B measured (the docs' model-file example):
+    A(0) = ``a0``, ``num`` times on [0, 8]."""
+    return f"""name = "{name}"
+description = "{description}"
+parameters = ["k1", "k2"]
+
+[equations]
+A = "-k1*A"
+B = "k1*A - k2*B"
+
+[experiment]
+theta = [1.0, 0.4]
+x0 = [{a0!r}, 0.0]
+times = {{ start = 0.0, stop = 8.0, num = {num} }}
+noise_sd = 0.05
+kernel = "rbf"
+gamma = 0.3
+priors = {{ lower = 0.0, upper = 5.0 }}
+
+[cases.B-observed]
+observed = ["B"]
+"""

@@ -521,27 +521,7 @@ def v_from_function_system(tmp):
 def v_own_toml_model(tmp):
     """Own TOML model file: load_model(path), spec.simulate(case), fit with the case's priors."""
     p = pg()
-    path = write(tmp / "decay.toml", """
-name = "decay-chain"
-description = "A -> B -> (gone)."
-parameters = ["k1", "k2"]
-
-[equations]
-A = "-k1*A"
-B = "k1*A - k2*B"
-
-[experiment]
-theta = [1.0, 0.4]
-x0 = [3.0, 0.0]
-times = { start = 0.0, stop = 8.0, num = 25 }
-noise_sd = 0.05
-kernel = "rbf"
-gamma = 0.3
-priors = { lower = 0.0, upper = 5.0 }
-
-[cases.B-observed]
-observed = ["B"]
-""")
+    path = write(tmp / "decay.toml", chain_toml("decay-chain", "A -> B -> (gone).", 3.0, 25))
     spec = p.load_model(path)
     data = spec.simulate("B-observed", seed=0)
     r = p.fit(spec.system, data, ["B"], x0={"A": 3.0}, priors=spec.priors("B-observed"), posterior=None, **FAST)

@@ -240,7 +240,7 @@ class RefinedAgreement:
         """The rule on ``density`` with its defaults: the density's latent-state integrator (or one on
         the data's times), the Uniform priors' bounds, noise sds estimated; ``kwargs`` as the class."""
         integrator = density.integrator or Integrator(density.system, density.obs.times)
-        return cls(density, integrator, density.priors.bounds, **kwargs)
+        return cls(density, integrator, density.priors.refinement_bounds, **kwargs)
 
     def problem(self, x0: np.ndarray) -> LeastSquaresProblem:
         """The least-squares problem of step 3 started at the initial state ``x0`` (S,): the

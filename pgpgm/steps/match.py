@@ -49,7 +49,7 @@ def match(prepared: Prepared, options: FitOptions, timings: dict, started: float
     if own_rule:  # its checks refine step 3's problem
         held = () if prepared.on_log_for_matching else tuple(  # known initial values: held as in step 3
             (gm.system.states.index(s), v) for s, v in (prepared.x0_observed or {}).items())
-        stop = RefinedAgreement(density, gm_integrator, density.priors.bounds, refine_x0=options.refine_x0,
+        stop = RefinedAgreement(density, gm_integrator, density.priors.refinement_bounds, refine_x0=options.refine_x0,
                                 estimate_noise=gm.noise_sd is None, seed=options.seed, held_x0=held)
     run = run_chains(density, draws=options.draws, tune=options.tune, chains=options.chains, seed=options.seed,
                      init=prepared.init, scheme=options.scheme, cores=1, progressbar=options.progressbar, stop=stop)

@@ -125,7 +125,7 @@ def _posterior(prepared: Prepared, matched: Matched | None, refined: Refined, op
             m = mode["mean"]
             q0 = np.array([m[p] for p in layout.parameters]
                           + [m[names[q]] for q in ref.q_names[len(layout.parameters):]])
-            r = refine(refined.problem, q0, prior.bounds, warn=False,
+            r = refine(refined.problem, q0, prior.refinement_bounds, warn=False,
                        estimate_noise=options.noise_sd is None if prepared.noise is None else prepared.noise.estimated)
             mode["refined"], mode["nll"] = dict(zip(layout.parameters, map(float, r.theta))), float(r.nll)
         run.tree.attrs["pgpgm_modes"] = json.dumps(modes)

@@ -99,6 +99,7 @@ def prepare(system: ODESystem, data, observed, options: FitOptions, *, x0, noise
     x0, known = known_observed_x0(system, x0, obs.states)
     scales = plan_scales(system, data, observed, x0, noise_sd, noise, transform, grid=grid)  # None: no log scale
     measurement = measurement_noise(noise, obs, noise_sd, scales)  # None: Gaussian in steps 3-4
+    _one_value_each(known, x0_observed)
     x0_observed = _known_observed_x0({**known, **(x0_observed or {})}, obs.states, scales) or None
     if scales is not None:  # fit the likelihood problem (lognormal states as log_<state>); scales.back maps back
         system, data, obs, x0 = (scales.likelihood.system, scales.likelihood.data, scales.likelihood.obs,
@@ -300,6 +301,24 @@ def _without_fixed(priors, init, fixed: Mapping[str, float], parameters: Sequenc
     return priors, init
 
 
+def _one_value_each(known: Mapping, x0_observed) -> None:
+    """A state whose initial value ``x0`` and the deprecated ``x0_observed`` both give, differently: a DataError
+    (neither would be held over the other without a word)."""
+    if not isinstance(x0_observed, Mapping):
+        return  # its type is refused by _known_observed_x0
+    def same(a, b) -> bool:
+        try:
+            return bool(np.array_equal(np.asarray(a, float), np.asarray(b, float)))
+        except (TypeError, ValueError):
+            return False
+
+    both = {s: (known[s], x0_observed[s]) for s in known if s in x0_observed and not same(known[s], x0_observed[s])}
+    if both:
+        raise DataError("x0 and x0_observed (deprecated) give different initial values of "
+                        + ", ".join(f"{s} ({a!r} and {b!r})" for s, (a, b) in both.items())
+                        + ": give each state's value once, in x0")
+
+
 def _known_observed_x0(values, states, scales) -> dict[str, float]:
     """The known initial values of observed states (``x0``'s, and ``x0_observed``'s of earlier releases)
     checked: observed state -> a finite number, none of a state whose likelihood is on the log scale."""
@@ -464,7 +483,7 @@ def _noise_plan(noise, observations, observed: tuple[str, ...], given_sd) -> tup
             names[s] = "normal" if plan is None else plan.names[m]
             known[s] = given_sd[s] if plan is None and given_sd is not None else (
                 np.nan if plan is None else float(plan.known[m]))
-    if all(n == "normal" for n in names.values()) and (isinstance(noise, str) or all(
+    if all(n == "normal" for n in names.values()) and (isinstance(noise, str) or isinstance(noise, Mapping) and all(
             isinstance(v, str) for v in noise.values())):
         return None
     return {s: names[s] for s in observed}, {s: known[s] for s in observed}

@@ -117,7 +117,7 @@ def refine_observables(prepared: Prepared, matched: Matched, options: FitOptions
     gm_params = prepared.matching.system.parameters  # theta, then the observation parameters step 2 sampled
     n_theta = len(spec.parameters) - len(spec.observation_parameters)
     prior = prepared.likelihood_priors
-    bounds = prior.bounds
+    bounds = prior.refinement_bounds
     sampled_unknown = tuple(system.states[i] for i in density.unknown_x0_idx)  # unknown latent x0 in step 2
     unknown, x0_priors = sampled_unknown, None
     free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx
@@ -271,7 +271,7 @@ def _refine_states(prepared: Prepared, matched: Matched, options: FitOptions) ->
     x0_full = start_x0({})
     if on_log:
         noise_start = scales.matching_to_likelihood(x0_full, noise_start)[1]
-    bounds = density.priors.bounds  # the uniform priors' support, None for other priors
+    bounds = density.priors.refinement_bounds  # the uniform priors' boxes, +-inf for other priors
     free_x0 = (density.observed_idx if options.refine_x0 else ()) + density.unknown_x0_idx  # unknown ones always
     if prepared.x0_observed:  # known initial values of observed states: held, not refined
         for st, v in prepared.x0_observed.items():
@@ -454,7 +454,7 @@ def refine_study(design: StudyDesign, fits: Sequence, options: FitOptions, timin
                                          system.index_of_states(obs.states), 1.0, x0s[j], free_x0=free[j],
                                          **({} if plan is None else {"noise": tuple(plan[0][s] for s in obs.states)}))
                      for j, obs in enumerate(observations))
-    bounds = design.prior.bounds
+    bounds = design.prior.refinement_bounds
     started = time.perf_counter()
     separate = tuple(_refine_alone(design, j, fits, problems, free, x0s) for j in range(len(names)))
     timings["separate refinement"], started = time.perf_counter() - started, time.perf_counter()
@@ -498,7 +498,7 @@ def _refine_alone(design: StudyDesign, j: int, fits: Sequence, problems: Sequenc
     lay = JointLayout(tuple(system.parameters), own, (), (e.name,), (dict(e.fixed),), (free[j],),
                       tuple(system.states))
     states = design.observations[j].states
-    jp = JointProblem((problems[j],), lay, states, design.prior.bounds,
+    jp = JointProblem((problems[j],), lay, states, design.prior.refinement_bounds,
                       None if plan is None else tuple(plan[0][s] for s in states))
     starts = [fits[j].theta]
     others = None
