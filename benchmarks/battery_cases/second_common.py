@@ -125,3 +125,9 @@ def sir_from_day_1(**noise):
     t = np.arange(1.0, 15.0)
     ds = pg().simulate(sir.system, [1.7, 0.45], [762.0, 1.0, 0.0], np.r_[0.0, t], observed=["I"], **noise).sel(time=t)
     return sir, ds, {"S": 762.0, "I": 1.0, "R": 0.0}
+
+
+def lv_from_0(spec, t):
+    """Lotka-Volterra x1 (theta 2, 1, 4, 1; x0 5, 3 at t = 0; sd 0.1, seed 0) measured at the times ``t`` only."""
+    return pg().simulate(spec.system, [2.0, 1.0, 4.0, 1.0], [5.0, 3.0], np.r_[0.0, t], observed=["x1"], noise_sd=0.1,
+                         seed=0).sel(time=t)

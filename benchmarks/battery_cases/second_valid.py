@@ -17,6 +17,7 @@ from battery_cases.common import (
     to_wide,
 )
 from battery_cases.second_common import (
+    lv_from_0,
     QUICK,
     QUICK_NP,
     SMALL_NUTS,
@@ -78,8 +79,7 @@ def b2_v_grid_after_t0(tmp):
     p, chk = pg(), Checks()
     t = np.linspace(0.5, 2.0, 16)
     spec = lv_spec()
-    ds = p.simulate(spec.system, [2.0, 1.0, 4.0, 1.0], [5.0, 3.0], np.r_[0.0, t], observed=["x1"], noise_sd=0.1,
-                    seed=0).sel(time=t)
+    ds = lv_from_0(spec, t)
     x0 = {"x1": 5.0, "x2": 3.0}
     r = p.fit(spec.system, ds, ["x1"], x0=x0, t0=0.0, grid=np.linspace(0.5, 2.0, 31), priors=(0, 10), **QUICK)
     check_held(chk, r, x0, t0=0.0)
@@ -92,8 +92,7 @@ def b2_v_x0_numpy_scalar_types(tmp):
     p, chk = pg(), Checks()
     t = np.linspace(0.25, 2.0, 15)
     spec = lv_spec()
-    ds = p.simulate(spec.system, [2.0, 1.0, 4.0, 1.0], [5.0, 3.0], np.r_[0.0, t], observed=["x1"], noise_sd=0.1,
-                    seed=0).sel(time=t)
+    ds = lv_from_0(spec, t)
     r = p.fit(spec.system, ds, ["x1"], x0={"x1": np.int64(5), "x2": np.float32(3.0)}, t0=np.float64(0.0),
               priors=(0, 10), **QUICK)
     check_held(chk, r, {"x1": 5.0, "x2": 3.0}, t0=0.0)
